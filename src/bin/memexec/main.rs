@@ -1,0 +1,36 @@
+//! The `memexec` command-line tool: one subcommand per file in this folder.
+use clap::{Parser, Subcommand};
+
+mod smoke;
+
+/// memexec: one local language model serving a memory pipeline.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load MLX, run a few operations and print what they computed.
+    Smoke(smoke::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Smoke(args) => smoke::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("memexec: error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

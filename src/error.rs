@@ -1,0 +1,24 @@
+//! The one error type of the crate; the C API maps each variant to a stable status code.
+use std::path::PathBuf;
+
+/// Everything that can go wrong inside memexec.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An MLX operation failed (shape mismatch, unsupported dtype, backend error).
+    #[error("mlx: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The caller passed something invalid (bad JSON, unknown key, empty input...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Shorthand for `Result<T, memexec::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
