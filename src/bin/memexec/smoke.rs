@@ -28,8 +28,8 @@ pub fn run(args: Args) -> memexec::Result<()> {
         "4-bit quantized_matmul [{}x{}]: max |qmm - dense(dequant)| = {:.3e}; mean |dequant - w| = {:.3e}",
         args.out_features,
         args.in_features,
-        max_diff.try_item_exact::<f32>()?,
-        rel.try_item_exact::<f32>()?
+        max_diff.item_exact::<f32>(),
+        rel.item_exact::<f32>()
     );
     println!("y[0, ..4] = {:?}", &y.as_slice::<f32>()[..4]);
     Ok(())
