@@ -6,6 +6,8 @@
 #![deny(unsafe_code)]
 
 pub mod capi;
+pub mod config;
+pub mod engine;
 pub mod error;
 
 pub use error::{Error, Result};
