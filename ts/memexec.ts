@@ -1,0 +1,139 @@
+// An engine handle for Bun: every generation is submitted and then polled on a timer, so the
+// JavaScript event loop never waits on the model (no blocking FFI call during generation, and
+// Rust never calls back into JS).
+import type { Pointer } from "bun:ffi";
+import { check, cstr, native, OutSlot, Status } from "./ffi";
+
+/** One model input: `system` overrides the stage's default (`""` = no system message). */
+export interface LocalInput {
+  system?: string;
+  user: string;
+}
+
+/** Per-call options. */
+export interface CallOptions {
+  /** The most tokens to generate (1..64000; default 256). */
+  maxTokens?: number;
+}
+
+/** The engine's configuration document (see `memexec_new` in include/memexec.h). */
+export interface Config {
+  model_dir: string;
+  adapters?: Record<string, string>;
+  stages?: Record<string, { adapter?: string; system?: string }>;
+  batch_width?: number;
+  device?: "default" | "cpu" | "gpu";
+  limits?: {
+    max_batch?: number;
+    max_tokens_cap?: number;
+    default_max_tokens?: number;
+    max_prompt_tokens?: number | null;
+  };
+}
+
+/** Counters since start-up (`memexec_stats`). */
+export interface Stats {
+  mode: string;
+  batch_width: number;
+  load_seconds: number;
+  completed: number;
+  failed: number;
+  cancelled: number;
+  tokens_in: number;
+  tokens_out: number;
+  prefill_seconds: number;
+  decode_seconds: number;
+  peak_memory_bytes: number;
+}
+
+const MAX_POLL_DELAY_MS = 8;
+
+function optsJson(opts?: CallOptions): Uint8Array | null {
+  return opts?.maxTokens === undefined ? null : cstr(JSON.stringify({ max_tokens: opts.maxTokens }));
+}
+
+/** One loaded model. Create with `Memexec.open`, release with `close`. */
+export class Memexec {
+  #handle: Pointer | null;
+
+  private constructor(handle: Pointer) {
+    this.#handle = handle;
+  }
+
+  /**
+   * Loads the model described by `config`. This blocks while the weights load (once per
+   * process); generation never blocks.
+   */
+  static open(config: Config): Memexec {
+    const out = new OutSlot();
+    const err = new OutSlot();
+    check(native().memexec_new(cstr(JSON.stringify(config)), out.ptr, err.ptr), err);
+    return new Memexec(Number(out.value) as Pointer);
+  }
+
+  get #h(): Pointer {
+    if (this.#handle === null) throw new Error("memexec: this handle was closed");
+    return this.#handle;
+  }
+
+  /** The greedy completion of one input. */
+  call(stage: string, input: LocalInput, opts?: CallOptions): Promise<string> {
+    return this.#submit("memexec_submit", stage, JSON.stringify(input), opts);
+  }
+
+  /** The greedy completions of a batch, `out[i]` answering `inputs[i]`. */
+  async batch(stage: string, inputs: LocalInput[], opts?: CallOptions): Promise<string[]> {
+    if (inputs.length === 0) return [];
+    return JSON.parse(await this.#submit("memexec_submit_batch", stage, JSON.stringify(inputs), opts));
+  }
+
+  /** Counters since start-up. */
+  stats(): Stats {
+    const out = new OutSlot();
+    const err = new OutSlot();
+    check(native().memexec_stats(this.#h, out.ptr, err.ptr), err);
+    return JSON.parse(out.takeString() ?? "{}");
+  }
+
+  /** Stops the engine; pending calls reject with MEMEXEC_STATUS_CLOSED. Idempotent. */
+  close(): void {
+    if (this.#handle === null) return;
+    native().memexec_free(this.#handle);
+    this.#handle = null;
+  }
+
+  #submit(
+    fn: "memexec_submit" | "memexec_submit_batch",
+    stage: string,
+    json: string,
+    opts?: CallOptions,
+  ): Promise<string> {
+    const h = this.#h;
+    const id = new OutSlot();
+    const err = new OutSlot();
+    check(native()[fn](h, cstr(stage), cstr(json), optsJson(opts), id.ptr, err.ptr), err);
+    const requestId = id.value;
+    return new Promise((resolve, reject) => {
+      let delay = 0;
+      const tick = () => {
+        const out = new OutSlot();
+        const perr = new OutSlot();
+        try {
+          const status = check(native().memexec_poll(h, requestId, out.ptr, perr.ptr), perr, [
+            Status.OK,
+            Status.PENDING,
+          ]);
+          if (status === Status.PENDING) {
+            delay = Math.min(delay + 1, MAX_POLL_DELAY_MS);
+            setTimeout(tick, delay);
+          } else {
+            resolve(out.takeString() ?? "");
+          }
+        } catch (e) {
+          reject(e);
+        }
+      };
+      setTimeout(tick, 0);
+    });
+  }
+}
