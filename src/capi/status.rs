@@ -63,29 +63,68 @@ pub(crate) fn status_of(e: &Error) -> memexec_status {
     }
 }
 
+impl memexec_status {
+    /// Every status, in code order.
+    pub const ALL: [memexec_status; 15] = [
+        Self::Ok,
+        Self::Pending,
+        Self::NullArgument,
+        Self::InvalidUtf8,
+        Self::InvalidJson,
+        Self::InvalidArgument,
+        Self::InvalidConfig,
+        Self::LoadFailed,
+        Self::PromptTooLong,
+        Self::Cancelled,
+        Self::Closed,
+        Self::InvalidHandle,
+        Self::UnknownRequest,
+        Self::GenerationFailed,
+        Self::Internal,
+    ];
+
+    /// The C name, NUL-terminated (e.g. `"MEMEXEC_STATUS_OK\0"`).
+    fn c_name(self) -> &'static str {
+        match self {
+            Self::Ok => "MEMEXEC_STATUS_OK\0",
+            Self::Pending => "MEMEXEC_STATUS_PENDING\0",
+            Self::NullArgument => "MEMEXEC_STATUS_NULL_ARGUMENT\0",
+            Self::InvalidUtf8 => "MEMEXEC_STATUS_INVALID_UTF8\0",
+            Self::InvalidJson => "MEMEXEC_STATUS_INVALID_JSON\0",
+            Self::InvalidArgument => "MEMEXEC_STATUS_INVALID_ARGUMENT\0",
+            Self::InvalidConfig => "MEMEXEC_STATUS_INVALID_CONFIG\0",
+            Self::LoadFailed => "MEMEXEC_STATUS_LOAD_FAILED\0",
+            Self::PromptTooLong => "MEMEXEC_STATUS_PROMPT_TOO_LONG\0",
+            Self::Cancelled => "MEMEXEC_STATUS_CANCELLED\0",
+            Self::Closed => "MEMEXEC_STATUS_CLOSED\0",
+            Self::InvalidHandle => "MEMEXEC_STATUS_INVALID_HANDLE\0",
+            Self::UnknownRequest => "MEMEXEC_STATUS_UNKNOWN_REQUEST\0",
+            Self::GenerationFailed => "MEMEXEC_STATUS_GENERATION_FAILED\0",
+            Self::Internal => "MEMEXEC_STATUS_INTERNAL\0",
+        }
+    }
+
+    /// The C name (e.g. `"MEMEXEC_STATUS_OK"`); the Node addon uses it as the error `code`.
+    pub fn name(self) -> &'static str {
+        let n = self.c_name();
+        &n[..n.len() - 1]
+    }
+
+    /// The status `e` is reported as (what the C API would return for it).
+    pub fn of(e: &Error) -> memexec_status {
+        status_of(e)
+    }
+}
+
 /// The name of a status as a static NUL-terminated string (e.g. `"MEMEXEC_STATUS_OK"`), or
 /// `"MEMEXEC_STATUS_UNKNOWN"` for a value this library does not define.
 ///
 /// Ownership: the string is static; do not free it. Thread-safe; never fails.
 #[no_mangle]
 pub extern "C" fn memexec_status_name(status: i32) -> *const c_char {
-    let name: &'static [u8] = match status {
-        0 => b"MEMEXEC_STATUS_OK\0",
-        1 => b"MEMEXEC_STATUS_PENDING\0",
-        2 => b"MEMEXEC_STATUS_NULL_ARGUMENT\0",
-        3 => b"MEMEXEC_STATUS_INVALID_UTF8\0",
-        4 => b"MEMEXEC_STATUS_INVALID_JSON\0",
-        5 => b"MEMEXEC_STATUS_INVALID_ARGUMENT\0",
-        6 => b"MEMEXEC_STATUS_INVALID_CONFIG\0",
-        7 => b"MEMEXEC_STATUS_LOAD_FAILED\0",
-        8 => b"MEMEXEC_STATUS_PROMPT_TOO_LONG\0",
-        9 => b"MEMEXEC_STATUS_CANCELLED\0",
-        10 => b"MEMEXEC_STATUS_CLOSED\0",
-        11 => b"MEMEXEC_STATUS_INVALID_HANDLE\0",
-        12 => b"MEMEXEC_STATUS_UNKNOWN_REQUEST\0",
-        13 => b"MEMEXEC_STATUS_GENERATION_FAILED\0",
-        14 => b"MEMEXEC_STATUS_INTERNAL\0",
-        _ => b"MEMEXEC_STATUS_UNKNOWN\0",
-    };
+    let name = memexec_status::ALL
+        .iter()
+        .find(|s| **s as i32 == status)
+        .map_or("MEMEXEC_STATUS_UNKNOWN\0", |s| s.c_name());
     name.as_ptr().cast()
 }
