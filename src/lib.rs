@@ -5,6 +5,7 @@
 //! Layout: [`capi`] is the C boundary (the only place with `unsafe`), the rest is safe Rust.
 #![deny(unsafe_code)]
 
+pub mod bench;
 pub mod capi;
 pub mod error;
 
