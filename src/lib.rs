@@ -7,6 +7,7 @@
 
 pub mod capi;
 pub mod error;
+pub mod prompt;
 
 pub use error::{Error, Result};
 

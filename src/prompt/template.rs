@@ -1,0 +1,174 @@
+//! The model's chat template, rendered by minijinja configured like the Jinja2 environment of
+//! Hugging Face's `apply_chat_template`.
+use std::path::Path;
+
+use minijinja::value::Value;
+use minijinja::{AutoEscape, Environment, Error as JinjaError, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use super::tokenizer_config::TokenizerConfig;
+use super::{pycompat, pyjson, strftime};
+use crate::{Error, Result};
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// One chat message as templates see it (`message['role']`, `message['content']`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message with the given role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// The per-render switches of the template context.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// End with the opening of the model's turn.
+    pub add_generation_prompt: bool,
+    /// Passed to the template only when `Some`: templates test `enable_thinking is defined`
+    /// or `| default(...)`, so "not given" differs from `false`.
+    pub enable_thinking: Option<bool>,
+}
+
+/// A compiled chat template plus the special token texts its context carries.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish()
+    }
+}
+
+/// A minijinja environment with Hugging Face's settings: `trim_blocks`, `lstrip_blocks`,
+/// loop controls, no auto-escaping, HF's `tojson`, `raise_exception`, `strftime_now`, and
+/// Python semantics for string methods, `trim` and printed values.
+pub fn hf_environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_keep_trailing_newline(false);
+    env.set_auto_escape_callback(|_| AutoEscape::None);
+    env.set_unknown_method_callback(pycompat::unknown_method);
+    env.set_formatter(pycompat::formatter);
+    env.add_filter("tojson", pyjson::tojson_filter);
+    env.add_filter("trim", |v: &Value, chars: Option<&str>| {
+        pycompat::trim_filter(v, chars)
+    });
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<Value, JinjaError> {
+            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+        },
+    );
+    env.add_function("strftime_now", |fmt: &str| {
+        strftime::CivilTime::now_utc().format(fmt)
+    });
+    env
+}
+
+impl ChatTemplate {
+    /// Compiles `source` with the special token texts the context will carry.
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self> {
+        let source = source.into();
+        let mut env = hf_environment();
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
+            .map_err(|e| Error::ChatTemplate(describe(&e)))?;
+        Ok(Self {
+            env,
+            source,
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// The model directory's template: `chat_template.jinja` if present, else the
+    /// `chat_template` of `tokenizer_config.json` (`config`).
+    pub fn from_dir(dir: &Path, config: &TokenizerConfig) -> Result<Self> {
+        let jinja = dir.join("chat_template.jinja");
+        let source = if jinja.is_file() {
+            std::fs::read_to_string(&jinja).map_err(|source| Error::Io {
+                path: jinja.clone(),
+                source,
+            })?
+        } else if let Some(t) = &config.chat_template {
+            t.clone()
+        } else {
+            return Err(Error::InvalidFile {
+                path: dir.to_path_buf(),
+                reason: "no chat template: neither chat_template.jinja nor a chat_template \
+                         key in tokenizer_config.json"
+                    .to_string(),
+            });
+        };
+        Self::new(source, config.bos_token.clone(), config.eos_token.clone())
+    }
+
+    /// The template source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages`; the context holds `messages`, `add_generation_prompt`,
+    /// `bos_token`, `eos_token` and, only when given, `enable_thinking` (no `tools`).
+    pub fn render(&self, messages: &[Message], opts: &RenderOptions) -> Result<String> {
+        let mut ctx: Vec<(&str, Value)> = vec![
+            ("messages", Value::from_serialize(messages)),
+            (
+                "add_generation_prompt",
+                Value::from(opts.add_generation_prompt),
+            ),
+        ];
+        if let Some(bos) = &self.bos_token {
+            ctx.push(("bos_token", Value::from(bos.as_str())));
+        }
+        if let Some(eos) = &self.eos_token {
+            ctx.push(("eos_token", Value::from(eos.as_str())));
+        }
+        if let Some(thinking) = opts.enable_thinking {
+            ctx.push(("enable_thinking", Value::from(thinking)));
+        }
+        let ctx: Value = ctx.into_iter().collect();
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| Error::ChatTemplate(describe(&e)))?;
+        tmpl.render(ctx)
+            .map_err(|e| Error::ChatTemplate(describe(&e)))
+    }
+}
+
+/// A minijinja error with its chain of causes on one line.
+fn describe(e: &JinjaError) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        msg.push_str(": ");
+        msg.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    msg
+}
