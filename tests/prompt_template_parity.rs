@@ -4,7 +4,7 @@
 mod prompt_common;
 
 use memexec::prompt::strftime::CivilTime;
-use memexec::prompt::template::hf_environment;
+use memexec::prompt::template::render_str;
 use memexec::prompt::{ChatTemplate, RenderOptions, TokenizerConfig};
 use prompt_common::*;
 
@@ -88,14 +88,30 @@ fn template_source_comes_from_tokenizer_config() {
 
 #[test]
 fn python_semantics_probes_match_jinja2() {
-    let env = hf_environment();
+    // Parsed straight into minijinja values, which keep the JSON key order as Python dicts
+    // do (serde_json's map would sort it).
+    let text = std::fs::read_to_string(require(
+        deps_dir().join("fixtures/prompt-oracle/probes.json"),
+    ))
+    .unwrap();
+    let contexts: Vec<minijinja::Value> = serde_json::from_str::<Vec<minijinja::Value>>(&text)
+        .unwrap()
+        .iter()
+        .map(|p| p.get_attr("context").unwrap())
+        .collect();
     let probes = oracle("probes.json");
-    let mut n = 0;
+    let (mut n, mut known) = (0, 0);
     for (i, p) in probes.as_array().unwrap().iter().enumerate() {
         let source = p["template"].as_str().unwrap();
-        // minijinja's own Value keeps the JSON key order (as Python dicts do).
-        let ctx: minijinja::Value = serde_json::from_str(&p["context"].to_string()).unwrap();
-        let got = env.render_str(source, ctx);
+        let got = render_str(source, contexts[i].clone());
+        // Known minijinja 2.24 bug: a negative-step slice of an empty sequence panics
+        // (Python gives an empty result). It must surface as an error, not a crash.
+        if source.contains("[::-1]") && p["context"]["s"] == "" {
+            let err = got.expect_err("minijinja fixed the empty [::-1] slice: drop this case");
+            assert!(err.to_string().contains("panicked"), "{err}");
+            known += 1;
+            continue;
+        }
         match (p["rendered"].as_str(), got) {
             (Some(want), Ok(got)) => {
                 assert_eq!(got, want, "probe {i}: {source:?} {}", p["context"])
@@ -111,7 +127,8 @@ fn python_semantics_probes_match_jinja2() {
         }
         n += 1;
     }
-    eprintln!("{n} probes identical");
+    eprintln!("{n} probes identical, {known} known minijinja divergence(s)");
+    assert!(n >= 150);
 }
 
 #[test]

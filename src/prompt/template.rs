@@ -156,8 +156,34 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::ChatTemplate(describe(&e)))?;
-        tmpl.render(ctx)
-            .map_err(|e| Error::ChatTemplate(describe(&e)))
+        guarded(|| tmpl.render(ctx))
+    }
+}
+
+/// Renders a template `source` over `ctx` in the [`hf_environment`] (for one-off templates
+/// and the Python-semantics probes of the tests).
+pub fn render_str(source: &str, ctx: Value) -> Result<String> {
+    let env = hf_environment();
+    guarded(|| env.render_str(source, ctx))
+}
+
+/// Runs a render, turning minijinja errors and panics into [`Error::ChatTemplate`].
+/// minijinja 2.24 panics on some negative-step slices (`[][::-1]` indexes an empty
+/// sequence); a template must never bring the host down, so the panic becomes an error.
+fn guarded(render: impl FnOnce() -> Result<String, JinjaError>) -> Result<String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(render)) {
+        Ok(Ok(text)) => Ok(text),
+        Ok(Err(e)) => Err(Error::ChatTemplate(describe(&e))),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(Error::ChatTemplate(format!(
+                "the template engine panicked while rendering: {what}"
+            )))
+        }
     }
 }
 
