@@ -3,7 +3,11 @@
 //! (jinja2 + tokenizers, scripts/fixtures/prompt_oracle.py) computes.
 mod prompt_common;
 
-use memexec::prompt::{ChatTemplate, LocalInput, Prompter, StageConfig, Tokenizer};
+use memexec::prompt::{
+    ChatTemplate, LocalInput, Prompter, StageConfig, Tokenizer, TokenizerConfig,
+};
+use std::sync::OnceLock;
+
 use prompt_common::*;
 
 struct Row {
@@ -13,7 +17,16 @@ struct Row {
     oracle: serde_json::Value,
 }
 
-fn prompter_and_rows(name: &str) -> (Prompter, Vec<Row>) {
+fn prompter_and_rows(name: &str) -> (&'static Prompter, Vec<Row>) {
+    // One prompter per tokenizer for the whole binary: loading a tokenizer takes seconds.
+    static G3: OnceLock<Prompter> = OnceLock::new();
+    static G4: OnceLock<Prompter> = OnceLock::new();
+    static G4E: OnceLock<Prompter> = OnceLock::new();
+    let cell = match name {
+        "gemma3" => &G3,
+        "gemma4" => &G4,
+        _ => &G4E,
+    };
     let all = oracle("sft.json");
     let data = &all[name];
     let template = ChatTemplate::new(
@@ -22,11 +35,13 @@ fn prompter_and_rows(name: &str) -> (Prompter, Vec<Row>) {
         data["eos_token"].as_str().map(String::from),
     )
     .unwrap();
-    let tok_name = if name == "gemma3" { "gemma3" } else { "gemma4" };
-    let dir = tokenizer_dir(tok_name);
-    let (config, _) = tokenizer_for(name);
-    let tok = Tokenizer::from_dir(&dir, config).unwrap();
-    let prompter = Prompter::new(tok, template, StageConfig::builtin());
+    let prompter = cell.get_or_init(|| {
+        let tok_name = if name == "gemma3" { "gemma3" } else { "gemma4" };
+        let dir = tokenizer_dir(tok_name);
+        let config = TokenizerConfig::from_file(&dir.join("tokenizer_config.json")).unwrap();
+        let tok = Tokenizer::from_dir(&dir, &config).unwrap();
+        Prompter::new(tok, template, StageConfig::builtin())
+    });
     let rows = data["rows"]
         .as_array()
         .unwrap()

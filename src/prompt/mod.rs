@@ -54,6 +54,15 @@ impl Prompter {
     /// Loads `tokenizer.json`, `tokenizer_config.json` and the chat template of a model
     /// directory, with the built-in stage defaults.
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(crate::Error::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "model directory not found",
+                ),
+            });
+        }
         let config = TokenizerConfig::from_file(&dir.join("tokenizer_config.json"))?;
         let tokenizer = Tokenizer::from_dir(dir, &config)?;
         let template = ChatTemplate::from_dir(dir, &config)?;

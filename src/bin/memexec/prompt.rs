@@ -38,13 +38,22 @@ pub fn run(args: Args) -> memexec::Result<()> {
     };
     let prompt = prompter.prompt(&args.stage, &input)?;
     if args.json {
-        let out = serde_json::json!({
-            "stage": args.stage,
-            "messages": prompt.messages,
-            "text": prompt.text,
-            "ids": prompt.ids,
-        });
-        println!("{out}");
+        #[derive(serde::Serialize)]
+        struct Out<'a> {
+            stage: &'a str,
+            messages: &'a [memexec::prompt::Message],
+            text: &'a str,
+            ids: &'a [u32],
+        }
+        let out = Out {
+            stage: &args.stage,
+            messages: &prompt.messages,
+            text: &prompt.text,
+            ids: &prompt.ids,
+        };
+        let json = serde_json::to_string(&out)
+            .map_err(|e| memexec::Error::InvalidArgument(format!("JSON output: {e}")))?;
+        println!("{json}");
     } else {
         println!("{}", prompt.text);
         println!("--- {} ids", prompt.ids.len());
