@@ -140,7 +140,13 @@ fn incremental_decoding_matches_full_decoding() {
     );
     seqs.push(ids(&g["e4b_greedy"]["greedy_ids"]));
     // Byte-fallback ids of a 4-byte emoji, split across pushes.
-    seqs.push(tok.encode("a 🦀 b 𝔘𝔫𝔦 ✓").unwrap());
+    let fallback = tok.encode("a 🦀 b 𝔘𝔫𝔦 ✓").unwrap();
+    let first_byte = tok.token_to_id("<0xF0>").unwrap();
+    assert!(
+        fallback.contains(&first_byte),
+        "expected byte-fallback ids: {fallback:?}"
+    );
+    seqs.push(fallback);
     for seq in seqs {
         let full = tok.decode(&seq).unwrap();
         let mut dec = IncrementalDecoder::new(tok);

@@ -198,3 +198,68 @@ fn describe(e: &JinjaError) -> String {
     }
     msg
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch_dir(tag: &str) -> std::path::PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "memexec-template-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn chat_template_jinja_wins_over_tokenizer_config() {
+        let dir = scratch_dir("source");
+        let config = TokenizerConfig {
+            chat_template: Some("from config".to_string()),
+            ..TokenizerConfig::default()
+        };
+        assert_eq!(
+            ChatTemplate::from_dir(&dir, &config).unwrap().source(),
+            "from config"
+        );
+        std::fs::write(dir.join("chat_template.jinja"), "from file").unwrap();
+        assert_eq!(
+            ChatTemplate::from_dir(&dir, &config).unwrap().source(),
+            "from file"
+        );
+        std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
+        let err = ChatTemplate::from_dir(&dir, &TokenizerConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("no chat template"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn enable_thinking_is_undefined_unless_given() {
+        let t = ChatTemplate::new(
+            "{{ enable_thinking is defined }} {{ bos_token }}",
+            Some("<bos>".into()),
+            None,
+        )
+        .unwrap();
+        let mut opts = RenderOptions::default();
+        assert_eq!(t.render(&[], &opts).unwrap(), "False <bos>");
+        opts.enable_thinking = Some(false);
+        assert_eq!(t.render(&[], &opts).unwrap(), "True <bos>");
+    }
+
+    #[test]
+    fn syntax_errors_and_raise_exception_are_errors() {
+        assert!(matches!(
+            ChatTemplate::new("{% if %}", None, None),
+            Err(Error::ChatTemplate(_))
+        ));
+        let t = ChatTemplate::new("{{ raise_exception('no tools here') }}", None, None).unwrap();
+        let err = t.render(&[], &RenderOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("no tools here"), "{err}");
+    }
+}
