@@ -36,7 +36,8 @@ pub enum memexec_status {
     /// `memexec_poll` / `memexec_cancel`: no request with that id (never submitted, or its
     /// result was already collected).
     UnknownRequest = 12,
-    /// The model failed while generating (an MLX error).
+    /// The model, tokenizer or chat template failed on this request (an MLX error, a template
+    /// `raise_exception`).
     GenerationFailed = 13,
     /// A bug inside memexec (a caught panic); the handle stays usable.
     Internal = 14,
@@ -46,8 +47,8 @@ pub enum memexec_status {
 pub(crate) fn status_of(e: &Error) -> memexec_status {
     use memexec_status as S;
     match e {
-        Error::Mlx(_) => S::GenerationFailed,
-        Error::Io { .. } | Error::Load(_) => S::LoadFailed,
+        Error::Mlx(_) | Error::Tokenizer(_) | Error::ChatTemplate(_) => S::GenerationFailed,
+        Error::Io { .. } | Error::InvalidFile { .. } | Error::Load(_) => S::LoadFailed,
         Error::InvalidArgument(_) => S::InvalidArgument,
         Error::InvalidJson { .. } => S::InvalidJson,
         Error::Config(_) => S::InvalidConfig,

@@ -10,16 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::stats::Stats;
 use crate::{Error, Result};
 
-/// One model input, as the TypeScript stages pass it: `{system?, user}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct LocalInput {
-    /// Overrides the stage's default system prompt; `""` means "no system message".
-    #[serde(default)]
-    pub system: Option<String>,
-    /// The user message.
-    pub user: String,
-}
+pub use crate::prompt::LocalInput;
 
 /// Per-call options (`opts_json` in the C API): `{max_tokens?}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
