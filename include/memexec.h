@@ -41,7 +41,8 @@ enum memexec_status {
   // `memexec_poll` / `memexec_cancel`: no request with that id (never submitted, or its
   // result was already collected).
   MEMEXEC_STATUS_UNKNOWN_REQUEST = 12,
-  // The model failed while generating (an MLX error).
+  // The model, tokenizer or chat template failed on this request (an MLX error, a template
+  // `raise_exception`).
   MEMEXEC_STATUS_GENERATION_FAILED = 13,
   // A bug inside memexec (a caught panic); the handle stays usable.
   MEMEXEC_STATUS_INTERNAL = 14,
@@ -50,6 +51,9 @@ enum memexec_status {
 // An engine: one loaded model serving calls. Opaque; create with `memexec_new`, release with
 // `memexec_free`.
 struct memexec;
+
+// Every status, in code order.
+#define memexec_status_ALL { memexec_status_Ok, memexec_status_Pending, memexec_status_NullArgument, memexec_status_InvalidUtf8, memexec_status_InvalidJson, memexec_status_InvalidArgument, memexec_status_InvalidConfig, memexec_status_LoadFailed, memexec_status_PromptTooLong, memexec_status_Cancelled, memexec_status_Closed, memexec_status_InvalidHandle, memexec_status_UnknownRequest, memexec_status_GenerationFailed, memexec_status_Internal, }
 
 #ifdef __cplusplus
 extern "C" {
@@ -314,6 +318,21 @@ enum memexec_status memexec_new(const char *config_json,
 // Returns: `OK`; `INVALID_HANDLE` (NULL, already freed, or unknown); `INTERNAL`.
 enum memexec_status memexec_free(struct memexec *handle);
 
+// Writes the prompt of a stage call as JSON to `*out_json` (required; free with
+// `memexec_string_free`): `{"messages": [{"role", "content"}], "text": "<rendered template>",
+// "ids": [<prompt token ids>]}` — exactly what `memexec_call` would feed the model.
+//
+// `stage` and `input_json` as for `memexec_call`. Runs on the calling thread (no MLX work, no
+// queueing). Thread-safe.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `GENERATION_FAILED` (the
+// template or tokenizer failed on this input); `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_prompt(struct memexec *handle,
+                                   const char *stage,
+                                   const char *input_json,
+                                   char **out_json,
+                                   char **out_error);
+
 // Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
 // `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
@@ -335,6 +354,21 @@ const char *memexec_status_name(int32_t status);
 // anything else (a string not from memexec, or one already freed) is undefined behaviour.
 // Thread-safe: a string may be freed on any thread.
 void memexec_string_free(char *s);
+
+// Writes the prompt of a stage call as JSON to `*out_json` (required; free with
+// `memexec_string_free`): `{"messages": [{"role", "content"}], "text": "<rendered template>",
+// "ids": [<prompt token ids>]}` — exactly what `memexec_call` would feed the model.
+//
+// `stage` and `input_json` as for `memexec_call`. Runs on the calling thread (no MLX work, no
+// queueing). Thread-safe.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `GENERATION_FAILED` (the
+// template or tokenizer failed on this input); `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_prompt(struct memexec *handle,
+                                   const char *stage,
+                                   const char *input_json,
+                                   char **out_json,
+                                   char **out_error);
 
 // Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,

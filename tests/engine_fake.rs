@@ -34,6 +34,7 @@ impl Generate for Fake {
         BackendInfo {
             mode: "serial".into(),
             max_context: 64,
+            prompter: None,
         }
     }
 
@@ -313,6 +314,7 @@ impl Backend for Stepper {
         BackendInfo {
             mode: "batched".into(),
             max_context: 64,
+            prompter: None,
         }
     }
 

@@ -47,6 +47,10 @@ export const symbols = {
   },
   memexec_poll: { args: [FFIType.ptr, FFIType.u64, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
   memexec_cancel: { args: [FFIType.ptr, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
+  memexec_prompt: {
+    args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr],
+    returns: FFIType.i32,
+  },
   memexec_stats: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
   memexec_string_free: { args: [FFIType.ptr], returns: FFIType.void },
 } as const;

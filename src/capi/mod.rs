@@ -8,6 +8,7 @@ mod r#async;
 mod call;
 mod guard;
 mod handle;
+mod prompt;
 mod stats;
 mod status;
 mod strings;

@@ -28,12 +28,15 @@ pub trait Backend {
 }
 
 /// Facts about a loaded backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct BackendInfo {
     /// Generation mode ("serial", "batched", ...).
     pub mode: String,
     /// The model's context length in tokens.
     pub max_context: usize,
+    /// The backend's prompter (tokenizer + template + stages, no MLX state): shared so that
+    /// prompt questions are answered on the caller's thread, without queueing.
+    pub prompter: Option<std::sync::Arc<crate::prompt::Prompter>>,
 }
 
 /// Messages on the engine queue.

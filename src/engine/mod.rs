@@ -153,6 +153,14 @@ impl Engine {
         self.submit_batch(stage, inputs, opts)?.wait()
     }
 
+    /// The prompt of a stage call (messages, rendered text, ids), as generation would see it.
+    pub fn prompt(&self, stage: &str, input: &LocalInput) -> Result<crate::prompt::Prompt> {
+        match &self.info.prompter {
+            Some(p) => p.prompt(stage, input),
+            None => Err(Error::Internal("this backend has no prompter".into())),
+        }
+    }
+
     /// The counters so far.
     pub fn stats(&self) -> Stats {
         match self.stats.lock() {

@@ -109,9 +109,15 @@ impl Task for GenerateTask {
                 .into_iter()
                 .next()
                 .ok_or_else(|| napi::Error::from_reason("memexec: no input"))?;
-            self.engine.call(&self.stage, one, self.opts).map(|c| vec![c])
+            self.engine
+                .call(&self.stage, one, self.opts)
+                .map(|c| vec![c])
         };
-        Ok(done.map_err(js_error)?.into_iter().map(|c| c.text).collect())
+        Ok(done
+            .map_err(js_error)?
+            .into_iter()
+            .map(|c| c.text)
+            .collect())
     }
 
     fn resolve(&mut self, _env: Env, mut texts: Vec<String>) -> napi::Result<Self::JsValue> {
@@ -128,7 +134,9 @@ impl Task for GenerateTask {
 #[napi(ts_return_type = "Promise<Engine>")]
 pub fn open(config_json: String) -> napi::Result<AsyncTask<OpenTask>> {
     let config = Config::from_json(&config_json).map_err(js_error)?;
-    Ok(AsyncTask::new(OpenTask { config: Some(config) }))
+    Ok(AsyncTask::new(OpenTask {
+        config: Some(config),
+    }))
 }
 
 /// The C ABI version this addon's library implements.
@@ -147,7 +155,12 @@ pub struct Engine {
 impl Engine {
     /// The greedy completion of one input.
     #[napi(ts_return_type = "Promise<string>")]
-    pub fn call(&self, stage: String, input: LocalInput, opts: Option<CallOptions>) -> AsyncTask<GenerateTask> {
+    pub fn call(
+        &self,
+        stage: String,
+        input: LocalInput,
+        opts: Option<CallOptions>,
+    ) -> AsyncTask<GenerateTask> {
         AsyncTask::new(GenerateTask {
             engine: self.inner.clone(),
             stage,
@@ -159,7 +172,12 @@ impl Engine {
 
     /// The greedy completions of a batch, `out[i]` answering `inputs[i]`.
     #[napi(ts_return_type = "Promise<string[]>")]
-    pub fn batch(&self, stage: String, inputs: Vec<LocalInput>, opts: Option<CallOptions>) -> AsyncTask<GenerateTask> {
+    pub fn batch(
+        &self,
+        stage: String,
+        inputs: Vec<LocalInput>,
+        opts: Option<CallOptions>,
+    ) -> AsyncTask<GenerateTask> {
         AsyncTask::new(GenerateTask {
             engine: self.inner.clone(),
             stage,

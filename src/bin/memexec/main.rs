@@ -1,8 +1,8 @@
 //! The `memexec` command-line tool: one subcommand per file in this folder.
 use clap::{Parser, Subcommand};
 
-mod run;
 mod prompt;
+mod run;
 mod smoke;
 
 /// memexec: one local language model serving a memory pipeline.
