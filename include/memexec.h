@@ -333,6 +333,21 @@ enum memexec_status memexec_prompt(struct memexec *handle,
                                    char **out_json,
                                    char **out_error);
 
+// Writes the messages of a stage call as a JSON array of `{"role", "content"}` to
+// `*out_json` (required; free with `memexec_string_free`), without a model: `system =
+// input.system ?? the stage's default`, included only when non-empty.
+//
+// `stages_json` (NULL = the built-in defaults only) is the `stages` object of a configuration
+// document (`{"stage": {"adapter"?, "system"?}}`), laid over the built-in defaults.
+// Thread-safe; needs no handle.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INTERNAL`.
+enum memexec_status memexec_messages(const char *stages_json,
+                                     const char *stage,
+                                     const char *input_json,
+                                     char **out_json,
+                                     char **out_error);
+
 // Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
 // `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
@@ -369,6 +384,21 @@ enum memexec_status memexec_prompt(struct memexec *handle,
                                    const char *input_json,
                                    char **out_json,
                                    char **out_error);
+
+// Writes the messages of a stage call as a JSON array of `{"role", "content"}` to
+// `*out_json` (required; free with `memexec_string_free`), without a model: `system =
+// input.system ?? the stage's default`, included only when non-empty.
+//
+// `stages_json` (NULL = the built-in defaults only) is the `stages` object of a configuration
+// document (`{"stage": {"adapter"?, "system"?}}`), laid over the built-in defaults.
+// Thread-safe; needs no handle.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INTERNAL`.
+enum memexec_status memexec_messages(const char *stages_json,
+                                     const char *stage,
+                                     const char *input_json,
+                                     char **out_json,
+                                     char **out_error);
 
 // Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,

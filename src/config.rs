@@ -169,6 +169,21 @@ impl Config {
     }
 }
 
+/// The stage registry a configuration gives: the built-in defaults, with each configured
+/// `system` laid on top (a stage configured only with an adapter keeps its default system).
+pub fn stage_registry(stages: &BTreeMap<String, StageSpec>) -> Result<crate::prompt::StageConfig> {
+    let overrides: BTreeMap<&str, serde_json::Value> = stages
+        .iter()
+        .filter_map(|(name, spec)| {
+            spec.system
+                .as_ref()
+                .map(|s| (name.as_str(), serde_json::json!({ "system": s })))
+        })
+        .collect();
+    let json = serde_json::to_string(&overrides).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(crate::prompt::StageConfig::builtin().merged(crate::prompt::StageConfig::from_json(&json)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +230,23 @@ mod tests {
         ] {
             assert!(Config::from_json(doc).is_err(), "{doc}");
         }
+    }
+
+    #[test]
+    fn stage_registry_keeps_defaults_unless_a_system_is_given() {
+        let c = Config::from_json(
+            r#"{"model_dir": "/m", "adapters": {"a": "/a"},
+                "stages": {"route": {"adapter": "a"}, "entity": {"system": ""}, "chunk": {"system": "S"}}}"#,
+        )
+        .unwrap();
+        let reg = stage_registry(&c.stages).unwrap();
+        assert_eq!(
+            reg.default_system("route"),
+            Some("You answer only 'yes' or 'no'.")
+        );
+        assert_eq!(reg.default_system("entity"), Some(""));
+        assert_eq!(reg.default_system("chunk"), Some("S"));
+        assert_eq!(reg.default_system("nope"), None);
     }
 
     #[test]

@@ -46,7 +46,33 @@ export interface Stats {
   peak_memory_bytes: number;
 }
 
+/** A chat message. */
+export interface Message {
+  role: string;
+  content: string;
+}
+
+/** What the model is fed for a stage call. */
+export interface Prompt {
+  messages: Message[];
+  text: string;
+  ids: number[];
+}
+
 const MAX_POLL_DELAY_MS = 8;
+
+/**
+ * The messages of a stage call (`system = input.system ?? the stage's default`, sent only when
+ * non-empty), with `stages` (a config's `stages` map) laid over the built-in defaults. Needs no
+ * model.
+ */
+export function stageMessages(stage: string, input: LocalInput, stages?: Config["stages"]): Message[] {
+  const out = new OutSlot();
+  const err = new OutSlot();
+  const stagesJson = stages === undefined ? null : cstr(JSON.stringify(stages));
+  check(native().memexec_messages(stagesJson, cstr(stage), cstr(JSON.stringify(input)), out.ptr, err.ptr), err);
+  return JSON.parse(out.takeString() ?? "[]");
+}
 
 function optsJson(opts?: CallOptions): Uint8Array | null {
   return opts?.maxTokens === undefined ? null : cstr(JSON.stringify({ max_tokens: opts.maxTokens }));
@@ -85,6 +111,14 @@ export class Memexec {
   async batch(stage: string, inputs: LocalInput[], opts?: CallOptions): Promise<string[]> {
     if (inputs.length === 0) return [];
     return JSON.parse(await this.#submit("memexec_submit_batch", stage, JSON.stringify(inputs), opts));
+  }
+
+  /** What the model is fed for a stage call (no generation; does not wait on the engine). */
+  prompt(stage: string, input: LocalInput): Prompt {
+    const out = new OutSlot();
+    const err = new OutSlot();
+    check(native().memexec_prompt(this.#h, cstr(stage), cstr(JSON.stringify(input)), out.ptr, err.ptr), err);
+    return JSON.parse(out.takeString() ?? "{}");
   }
 
   /** Counters since start-up. */

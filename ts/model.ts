@@ -4,9 +4,9 @@
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
-import { Memexec, type CallOptions, type Config, type LocalInput } from "./memexec";
+import { Memexec, stageMessages, type CallOptions, type Config, type LocalInput, type Message } from "./memexec";
 
-export type { LocalInput, CallOptions, Config } from "./memexec";
+export type { LocalInput, CallOptions, Config, Message, Prompt } from "./memexec";
 export { MemexecError, Status } from "./ffi";
 
 /** The largest `maxTokens` a caller may pass: the "never truncate" backstop. */
@@ -97,6 +97,16 @@ export async function callLocal(stage: string, input: LocalInput, opts?: CallOpt
 export async function callLocalBatch(stage: string, inputs: LocalInput[], opts?: CallOptions): Promise<string[]> {
   if (inputs.length === 0) return [];
   return ensureEngine().batch(stage, inputs, opts);
+}
+
+/** The messages of a stage call (SPEC 1), with the configured stage defaults; needs no model. */
+export function memoryMessages(stage: string, input: LocalInput): Message[] {
+  return stageMessages(stage, input, options.stages);
+}
+
+/** The prompt ids the model is fed for a stage call (rendered with the model's own template). */
+export async function memoryPromptIds(stage: string, input: LocalInput): Promise<number[]> {
+  return ensureEngine().prompt(stage, input).ids;
 }
 
 /** Stops the engine (e.g. at exit); the next call starts it again. */

@@ -35,3 +35,42 @@ pub extern "C" fn memexec_prompt(
         Ok(memexec_status::Ok)
     })
 }
+
+/// Writes the messages of a stage call as a JSON array of `{"role", "content"}` to
+/// `*out_json` (required; free with `memexec_string_free`), without a model: `system =
+/// input.system ?? the stage's default`, included only when non-empty.
+///
+/// `stages_json` (NULL = the built-in defaults only) is the `stages` object of a configuration
+/// document (`{"stage": {"adapter"?, "system"?}}`), laid over the built-in defaults.
+/// Thread-safe; needs no handle.
+///
+/// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INTERNAL`.
+#[no_mangle]
+pub extern "C" fn memexec_messages(
+    stages_json: *const c_char,
+    stage: *const c_char,
+    input_json: *const c_char,
+    out_json: *mut *mut c_char,
+    out_error: *mut *mut c_char,
+) -> memexec_status {
+    guard(out_error, || {
+        require_out(out_json, "out_json")?;
+        let stages: std::collections::BTreeMap<String, crate::config::StageSpec> =
+            match super::strings::opt_arg_str(stages_json, "stages_json")? {
+                None => Default::default(),
+                Some(text) => {
+                    serde_json::from_str(text).map_err(|e| crate::Error::InvalidJson {
+                        what: "stages_json",
+                        message: e.to_string(),
+                    })?
+                }
+            };
+        let stage = arg_str(stage, "stage")?;
+        let input = parse_input(arg_str(input_json, "input_json")?)?;
+        let messages = crate::config::stage_registry(&stages)?.messages(stage, &input);
+        let json =
+            serde_json::to_string(&messages).map_err(|e| crate::Error::Internal(e.to_string()))?;
+        write_out(out_json, into_c_string(json));
+        Ok(memexec_status::Ok)
+    })
+}

@@ -1,6 +1,5 @@
 //! The production backend: the model, its prompter and the serial greedy path (SPEC §4's
 //! reference), driven one request at a time with cancellation between decode steps.
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,7 +10,7 @@ use super::request::{Completion, Job, StopReason};
 use crate::config::{Config, DeviceChoice};
 use crate::generate::{decode_step, prefill, PREFILL_STEP};
 use crate::model::{ForwardCtx, Model};
-use crate::prompt::{Prompter, StageConfig};
+use crate::prompt::Prompter;
 use crate::{Error, Result};
 
 /// The model and everything needed to turn a stage call into its greedy answer.
@@ -26,22 +25,6 @@ pub struct ModelBackend {
 /// The loader [`super::Engine::new`] runs on the engine thread.
 pub(crate) fn load(config: &Config) -> Result<Box<dyn Backend>> {
     Ok(Box::new(Serial(ModelBackend::load(config)?)))
-}
-
-/// The stage registry of `config`: the built-in defaults, with each configured `system` laid
-/// on top (a stage configured only with an adapter keeps its default system prompt).
-pub fn stage_config(config: &Config) -> Result<StageConfig> {
-    let overrides: BTreeMap<&str, serde_json::Value> = config
-        .stages
-        .iter()
-        .filter_map(|(name, spec)| {
-            spec.system
-                .as_ref()
-                .map(|s| (name.as_str(), serde_json::json!({ "system": s })))
-        })
-        .collect();
-    let json = serde_json::to_string(&overrides).map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(StageConfig::builtin().merged(StageConfig::from_json(&json)?))
 }
 
 fn select_device(choice: DeviceChoice) -> Result<()> {
@@ -90,7 +73,7 @@ impl ModelBackend {
         select_device(config.device)?;
         check_adapters(config)?;
         let model = Model::load(&config.model_dir)?;
-        let prompter = Prompter::from_dir(&config.model_dir)?.with_stages(stage_config(config)?);
+        let prompter = Prompter::from_dir(&config.model_dir)?.with_stages(crate::config::stage_registry(&config.stages)?);
         let mut stop_ids = model.info().eos_token_ids.clone();
         if let Some(eos) = prompter.tokenizer().eos() {
             if !stop_ids.contains(&eos.id) {
