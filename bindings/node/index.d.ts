@@ -15,6 +15,8 @@ export declare class Engine {
   call(stage: string, input: LocalInput, opts?: CallOptions | undefined | null): Promise<string>
   /** The greedy completions of a batch, `out[i]` answering `inputs[i]`. */
   batch(stage: string, inputs: Array<LocalInput>, opts?: CallOptions | undefined | null): Promise<string[]>
+  /** What the model is fed for a stage call (no generation). */
+  prompt(stage: string, input: LocalInput): Prompt
   /** Counters since start-up. */
   stats(): Stats
   /** Stops the engine: pending calls reject with `MEMEXEC_STATUS_CLOSED`. Idempotent. */
@@ -36,11 +38,30 @@ export interface LocalInput {
   user: string
 }
 
+/** A chat message. */
+export interface Message {
+  role: string
+  content: string
+}
+
+/**
+ * The messages of a stage call without a model: `stagesJson` (a config's `stages` map, or
+ * null) laid over the built-in stage defaults.
+ */
+export declare function messages(stagesJson: string | undefined | null, stage: string, input: LocalInput): Array<Message>
+
 /**
  * Starts an engine from a configuration document (the JSON of `memexec_new`, as a string).
  * Resolves once the model is loaded; rejects with a `MEMEXEC_STATUS_*` error otherwise.
  */
 export declare function open(configJson: string): Promise<Engine>
+
+/** What the model is fed for a stage call. */
+export interface Prompt {
+  messages: Array<Message>
+  text: string
+  ids: Array<number>
+}
 
 /** Counters since start-up. */
 export interface Stats {

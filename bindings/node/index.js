@@ -837,4 +837,5 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.Engine = nativeBinding.Engine
 module.exports.abiVersion = nativeBinding.abiVersion
+module.exports.messages = nativeBinding.messages
 module.exports.open = nativeBinding.open

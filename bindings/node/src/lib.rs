@@ -139,6 +139,47 @@ pub fn open(config_json: String) -> napi::Result<AsyncTask<OpenTask>> {
     }))
 }
 
+/// A chat message.
+#[napi(object)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// What the model is fed for a stage call.
+#[napi(object)]
+pub struct Prompt {
+    pub messages: Vec<Message>,
+    pub text: String,
+    pub ids: Vec<u32>,
+}
+
+fn messages_of(m: Vec<memexec::prompt::Message>) -> Vec<Message> {
+    m.into_iter()
+        .map(|m| Message {
+            role: m.role,
+            content: m.content,
+        })
+        .collect()
+}
+
+/// The messages of a stage call without a model: `stagesJson` (a config's `stages` map, or
+/// null) laid over the built-in stage defaults.
+#[napi]
+pub fn messages(stages_json: Option<String>, stage: String, input: LocalInput) -> napi::Result<Vec<Message>> {
+    let stages = match stages_json {
+        None => Default::default(),
+        Some(text) => serde_json::from_str(&text).map_err(|e| {
+            js_error(memexec::Error::InvalidJson {
+                what: "stagesJson",
+                message: e.to_string(),
+            })
+        })?,
+    };
+    let registry = memexec::config::stage_registry(&stages).map_err(js_error)?;
+    Ok(messages_of(registry.messages(&stage, &self::input(input))))
+}
+
 /// The C ABI version this addon's library implements.
 #[napi]
 pub fn abi_version() -> u32 {
@@ -184,6 +225,17 @@ impl Engine {
             inputs: inputs.into_iter().map(self::input).collect(),
             opts: options(opts),
             batch: true,
+        })
+    }
+
+    /// What the model is fed for a stage call (no generation).
+    #[napi]
+    pub fn prompt(&self, stage: String, input: LocalInput) -> napi::Result<Prompt> {
+        let p = self.inner.prompt(&stage, &self::input(input)).map_err(js_error)?;
+        Ok(Prompt {
+            messages: messages_of(p.messages),
+            text: p.text,
+            ids: p.ids,
         })
     }
 
