@@ -22,7 +22,8 @@ fn main() {
 /// `include/memexec.h` is compared against it by `tests/header_drift.rs` and is
 /// rewritten only when `MEMEXEC_UPDATE_HEADER=1` (so a drift cannot hide).
 fn generate_header() {
-    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let capi = root.join("src/capi");
     println!("cargo:rerun-if-changed={}", capi.display());
     let mut sources: Vec<PathBuf> = fs::read_dir(&capi)
@@ -30,13 +31,16 @@ fn generate_header() {
         .unwrap_or_default();
     sources.retain(|p| p.extension().is_some_and(|e| e == "rs"));
     sources.sort();
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("valid cbindgen.toml");
+    let config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("valid cbindgen.toml");
     let mut builder = cbindgen::Builder::new().with_config(config);
     for src in &sources {
         println!("cargo:rerun-if-changed={}", src.display());
         builder = builder.with_src(src);
     }
-    let bindings = builder.generate().expect("cbindgen could not generate include/memexec.h");
+    let bindings = builder
+        .generate()
+        .expect("cbindgen could not generate include/memexec.h");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("memexec.h");
     bindings.write_to_file(&out);
     if env::var("MEMEXEC_UPDATE_HEADER").as_deref() == Ok("1") {

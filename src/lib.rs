@@ -7,6 +7,8 @@
 
 pub mod capi;
 pub mod error;
+pub mod generate;
+pub mod model;
 
 pub use error::{Error, Result};
 

@@ -1,6 +1,7 @@
 //! The `memexec` command-line tool: one subcommand per file in this folder.
 use clap::{Parser, Subcommand};
 
+mod generate;
 mod smoke;
 
 /// memexec: one local language model serving a memory pipeline.
@@ -15,6 +16,8 @@ struct Cli {
 enum Command {
     /// Load MLX, run a few operations and print what they computed.
     Smoke(smoke::Args),
+    /// Greedy generation from a model directory.
+    Generate(generate::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -25,6 +28,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Smoke(args) => smoke::run(args),
+        Command::Generate(args) => generate::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

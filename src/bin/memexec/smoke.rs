@@ -22,7 +22,11 @@ pub fn run(args: Args) -> memexec::Result<()> {
     let y_ref = ops::matmul(&x, w_deq.t())?;
     let max_diff: Array = ops::abs(&(&y - &y_ref))?.max(None)?;
     let rel: Array = ops::abs(&(&w_deq - &w))?.mean(None)?;
-    println!("memexec {} (C ABI {})", env!("CARGO_PKG_VERSION"), memexec::capi::MEMEXEC_ABI_VERSION);
+    println!(
+        "memexec {} (C ABI {})",
+        env!("CARGO_PKG_VERSION"),
+        memexec::capi::MEMEXEC_ABI_VERSION
+    );
     println!("device: {:?}", mlx_rs::Device::default());
     println!(
         "4-bit quantized_matmul [{}x{}]: max |qmm - dense(dequant)| = {:.3e}; mean |dequant - w| = {:.3e}",
