@@ -27,12 +27,16 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Compares logits on every prompt; returns the worst max |diff|.
-fn check_logits(fixture: &str, tol: f32) -> f32 {
+/// Compares logits on the prompts of at most `max_len` tokens; returns the worst max |diff|.
+fn check_logits(fixture: &str, tol: f32, max_len: usize) -> f32 {
     let model = Model::load(&model_dir(fixture)).expect("load");
     let oracle = oracle(fixture);
     let mut worst = 0.0f32;
-    for p in &oracle.prompts {
+    for p in oracle
+        .prompts
+        .iter()
+        .filter(|p| p.prompt_ids.len() <= max_len)
+    {
         let ours = last_logits(&model, &p.prompt_ids);
         let theirs = p.logits.as_ref().expect("tiny oracles carry full logits");
         let d = max_abs_diff(&ours, theirs);
@@ -61,11 +65,16 @@ fn check_logits(fixture: &str, tol: f32) -> f32 {
     worst
 }
 
-/// Greedy ids (eos not applied) must equal the oracle's first `n`.
-fn check_greedy(fixture: &str, n: usize) {
+/// Greedy ids (eos not applied) must equal the oracle's first `n`, for the prompts of at
+/// most `max_len` tokens.
+fn check_greedy(fixture: &str, n: usize, max_len: usize) {
     let model = Model::load(&model_dir(fixture)).expect("load");
     let oracle = oracle(fixture);
-    for p in &oracle.prompts {
+    for p in oracle
+        .prompts
+        .iter()
+        .filter(|p| p.prompt_ids.len() <= max_len)
+    {
         let opts = GenerateOptions {
             max_tokens: n,
             stop_ids: Some(vec![]),
@@ -91,12 +100,12 @@ fn check_greedy(fixture: &str, n: usize) {
 
 #[test]
 fn tiny_f32_logits_match_mlx_lm() {
-    check_logits("tiny-gemma4-q4-f32", 1e-4);
+    check_logits("tiny-gemma4-q4-f32", 1e-4, usize::MAX);
 }
 
 #[test]
 fn tiny_f32_greedy_matches_mlx_lm_for_40_tokens() {
-    check_greedy("tiny-gemma4-q4-f32", 40);
+    check_greedy("tiny-gemma4-q4-f32", 40, usize::MAX);
 }
 
 /// Stop handling against the oracle sequence: stopping on a token the oracle generates must
@@ -170,17 +179,21 @@ fn tiny_f32_chunked_prefill_matches() {
     );
 }
 
-/// bf16-scale fixtures: the random model amplifies bf16 rounding, so logits get a looser
-/// tolerance (bf16 has ~3 significant digits; softcapped logits are within ±30) and the
-/// first 8 greedy ids must match.
+/// bf16 activations (~3 significant digits, softcapped logits within ±30): tolerance 0.05
+/// (a couple of bf16 ulps at |logit| ~ 8) plus identical argmax, and the first 8 greedy ids.
+/// bf16 is ~5x slower on the CPU backend, so only the prompts up to 45 tokens (one of them
+/// past the window) run here.
+const BF16_TOL: f32 = 0.05;
+const BF16_MAX_LEN: usize = 45;
+
 #[test]
 fn tiny_bf16_q4_matches_mlx_lm() {
-    check_logits("tiny-gemma4-q4", 0.25);
-    check_greedy("tiny-gemma4-q4", 8);
+    check_logits("tiny-gemma4-q4", BF16_TOL, BF16_MAX_LEN);
+    check_greedy("tiny-gemma4-q4", 8, BF16_MAX_LEN);
 }
 
 #[test]
 fn tiny_bf16_mixed48_matches_mlx_lm() {
-    check_logits("tiny-gemma4-mixed48", 0.25);
-    check_greedy("tiny-gemma4-mixed48", 8);
+    check_logits("tiny-gemma4-mixed48", BF16_TOL, BF16_MAX_LEN);
+    check_greedy("tiny-gemma4-mixed48", 8, BF16_MAX_LEN);
 }
