@@ -47,8 +47,8 @@ pub struct ModelInfo {
 }
 
 enum Arch {
-    Gemma4(gemma4::Gemma4),
-    Gemma3(gemma3::Gemma3),
+    Gemma4(Box<gemma4::Gemma4>),
+    Gemma3(Box<gemma3::Gemma3>),
 }
 
 /// A loaded model; immutable after load (all per-sequence state lives in [`RowCache`]s).
@@ -70,18 +70,14 @@ impl Model {
         // After sanitize every remaining tensor must be used (checked by `finish`).
         let weight_bytes = w.nbytes();
         let arch = match &cfg.arch {
-            ArchConfig::Gemma4(c) => Arch::Gemma4(gemma4::Gemma4::load(
-                c.clone(),
-                &cfg.quant,
-                &mut w,
-                wrapped,
-            )?),
-            ArchConfig::Gemma3(c) => Arch::Gemma3(gemma3::Gemma3::load(
-                c.clone(),
-                &cfg.quant,
-                &mut w,
-                wrapped,
-            )?),
+            ArchConfig::Gemma4(c) => {
+                let m = gemma4::Gemma4::load(c.clone(), &cfg.quant, &mut w, wrapped)?;
+                Arch::Gemma4(Box::new(m))
+            }
+            ArchConfig::Gemma3(c) => {
+                let m = gemma3::Gemma3::load(c.clone(), &cfg.quant, &mut w, wrapped)?;
+                Arch::Gemma3(Box::new(m))
+            }
         };
         w.finish()?;
         let dtype = match &arch {
