@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
 use crate::model::{ForwardCtx, Model, RowCache};
@@ -70,26 +70,25 @@ fn ids_array(ids: &[u32], shape: &[i32]) -> Result<Array> {
 /// Greedy picks from `[B, vocab]` f32 logits, computed per row exactly as mlx-lm's sampler
 /// does: in the model's dtype, `argmax(logits - logsumexp(logits))`, ties to the lowest id.
 pub fn argmax_rows(model: &Model, logits: &Array) -> Result<Vec<u32>> {
-    let dtype = model.info().dtype;
+    argmax_rows_in(logits, model.info().dtype)
+}
+
+/// [`argmax_rows`] with the dtype given (the model's activation dtype: the f32 logits are
+/// cast back to it, exactly, so that the subtraction rounds as in mlx-lm).
+pub fn argmax_rows_in(logits: &Array, dtype: Dtype) -> Result<Vec<u32>> {
     let rows = logits.dim(0);
     let mut picks = Vec::with_capacity(rows as usize);
     for r in 0..rows {
-        let l = if rows == 1 {
-            logits.clone()
-        } else {
-            logits.try_index(r..r + 1)?
-        };
+        let l = if rows == 1 { logits.clone() } else { logits.try_index(r..r + 1)? };
         let l = l.as_dtype(dtype)?;
+        // logsumexp over all axes of the [1, vocab] row, as mlx-lm's `logsumexp(keepdims=True)`.
         let logprobs = l.subtract(l.logsumexp(true)?)?;
         picks.push(argmax_axis(&logprobs, -1, false)?);
     }
     mlx_rs::transforms::eval(picks.iter())?;
     picks
         .iter()
-        .map(|p| {
-            p.try_item_exact::<u32>()
-                .map_err(|e| Error::InvalidArgument(format!("argmax: {e}")))
-        })
+        .map(|p| p.try_item_exact::<u32>().map_err(|e| Error::InvalidArgument(format!("argmax: {e}"))))
         .collect()
 }
 
