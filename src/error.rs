@@ -44,9 +44,21 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
-    /// A tokenizer could not be loaded or failed to encode / decode.
+    /// A file exists but its content is unusable (malformed JSON, a missing key...).
+    #[error("{path}: {reason}")]
+    InvalidFile {
+        /// The file at fault.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The tokenizer could not be loaded or failed to encode/decode.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The chat template could not be compiled or rendered (including the template's own
+    /// `raise_exception` calls).
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
 }
 
 /// Shorthand for `Result<T, memexec::Error>`.

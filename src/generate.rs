@@ -79,7 +79,11 @@ pub fn argmax_rows_in(logits: &Array, dtype: Dtype) -> Result<Vec<u32>> {
     let rows = logits.dim(0);
     let mut picks = Vec::with_capacity(rows as usize);
     for r in 0..rows {
-        let l = if rows == 1 { logits.clone() } else { logits.try_index(r..r + 1)? };
+        let l = if rows == 1 {
+            logits.clone()
+        } else {
+            logits.try_index(r..r + 1)?
+        };
         let l = l.as_dtype(dtype)?;
         // logsumexp over all axes of the [1, vocab] row, as mlx-lm's `logsumexp(keepdims=True)`.
         let logprobs = l.subtract(l.logsumexp(true)?)?;
@@ -88,7 +92,10 @@ pub fn argmax_rows_in(logits: &Array, dtype: Dtype) -> Result<Vec<u32>> {
     mlx_rs::transforms::eval(picks.iter())?;
     picks
         .iter()
-        .map(|p| p.try_item_exact::<u32>().map_err(|e| Error::InvalidArgument(format!("argmax: {e}"))))
+        .map(|p| {
+            p.try_item_exact::<u32>()
+                .map_err(|e| Error::InvalidArgument(format!("argmax: {e}")))
+        })
         .collect()
 }
 

@@ -5,10 +5,12 @@
 //! Layout: [`capi`] is the C boundary (the only place with `unsafe`), the rest is safe Rust.
 #![deny(unsafe_code)]
 
+pub mod bench;
 pub mod capi;
 pub mod error;
 pub mod generate;
 pub mod model;
+pub mod prompt;
 
 pub use error::{Error, Result};
 

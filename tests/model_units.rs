@@ -40,7 +40,10 @@ fn dir_with(config: &serde_json::Value, generation: Option<&serde_json::Value>) 
     d
 }
 
-fn load(config: serde_json::Value, generation: Option<serde_json::Value>) -> memexec::Result<ModelConfig> {
+fn load(
+    config: serde_json::Value,
+    generation: Option<serde_json::Value>,
+) -> memexec::Result<ModelConfig> {
     let d = dir_with(&config, generation.as_ref());
     let r = ModelConfig::load(&d);
     let _ = std::fs::remove_dir_all(&d);
@@ -61,7 +64,9 @@ fn gemma4_wrapper_vocab_and_defaults() {
         Some(serde_json::json!({"eos_token_id": [1, 106]})),
     )
     .unwrap();
-    let ArchConfig::Gemma4(g) = &c.arch else { panic!("not gemma4") };
+    let ArchConfig::Gemma4(g) = &c.arch else {
+        panic!("not gemma4")
+    };
     assert_eq!(g.vocab_size, 1000);
     assert_eq!((g.num_attention_heads, g.num_key_value_heads), (8, 1));
     // sliding_window_pattern 5 when layer_types is absent: full = 4, 9.
@@ -93,12 +98,21 @@ fn quantization_overrides() {
 
 #[test]
 fn config_errors() {
-    let e = load(serde_json::json!({"model_type": "gemma4", "text_config": {"enable_moe_block": true}}), None);
+    let e = load(
+        serde_json::json!({"model_type": "gemma4", "text_config": {"enable_moe_block": true}}),
+        None,
+    );
     assert!(matches!(e, Err(Error::Config { .. })));
-    let e = load(serde_json::json!({"model_type": "gemma3_text", "quantization": {"bits": 4, "mode": "mxfp4"}}), None);
+    let e = load(
+        serde_json::json!({"model_type": "gemma3_text", "quantization": {"bits": 4, "mode": "mxfp4"}}),
+        None,
+    );
     assert!(matches!(e, Err(Error::Config { .. })));
     let e = load(serde_json::json!({"no_model_type": 1}), None);
     assert!(matches!(e, Err(Error::Config { .. })));
-    let e = load(serde_json::json!({"model_type": "gemma4_text", "num_hidden_layers": 4, "num_kv_shared_layers": 4}), None);
+    let e = load(
+        serde_json::json!({"model_type": "gemma4_text", "num_hidden_layers": 4, "num_kv_shared_layers": 4}),
+        None,
+    );
     assert!(matches!(e, Err(Error::Config { .. })));
 }

@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod generate;
+mod prompt;
 mod smoke;
 
 /// memexec: one local language model serving a memory pipeline.
@@ -18,6 +19,8 @@ enum Command {
     Smoke(smoke::Args),
     /// Greedy generation from a model directory.
     Generate(generate::Args),
+    /// Show the prompt text and ids a stage call gives the model.
+    Prompt(prompt::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -29,6 +32,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Smoke(args) => smoke::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Prompt(args) => prompt::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
