@@ -116,3 +116,11 @@ fn config_errors() {
     );
     assert!(matches!(e, Err(Error::Config { .. })));
 }
+
+/// The engine thread owns the model and the caches: both must move between threads.
+#[test]
+fn model_and_caches_are_send() {
+    fn send<T: Send>() {}
+    send::<memexec::model::Model>();
+    send::<memexec::model::RowCache>();
+}
