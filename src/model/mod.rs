@@ -55,6 +55,8 @@ enum Arch {
 pub struct Model {
     arch: Arch,
     info: ModelInfo,
+    /// Per-layer caches in a [`RowCache`] of this model.
+    cache_layers: usize,
 }
 
 impl Model {
@@ -93,7 +95,13 @@ impl Model {
             dtype,
             weight_bytes,
         };
-        Ok(Model { arch, info })
+        let mut model = Model {
+            arch,
+            info,
+            cache_layers: 0,
+        };
+        model.cache_layers = model.new_cache().len();
+        Ok(model)
     }
 
     /// Facts about the model.
@@ -150,7 +158,7 @@ impl Model {
                 "a batch of {b} rows must have one token per row, got {l}"
             ));
         }
-        let expected = self.new_cache().len();
+        let expected = self.cache_layers;
         if let Some(c) = caches.iter().find(|c| c.len() != expected) {
             return bad(format!(
                 "a cache has {} layers, this model needs {expected}",
