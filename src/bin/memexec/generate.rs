@@ -64,7 +64,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
         max_tokens: args.max_tokens,
         ..Default::default()
     };
-    let g = greedy(&model, &prompt, &opts)?;
+    let g = greedy(&model, &prompt, opts)?;
     let text = match &tokenizer {
         Some(tok) => Some(
             tok.decode(&g.ids, false)
