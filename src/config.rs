@@ -129,32 +129,34 @@ impl Config {
     /// Checks what serde cannot: cross references and ranges.
     pub fn validate(&self) -> Result<()> {
         if self.model_dir.as_os_str().is_empty() {
-            return Err(Error::Config("`model_dir` is empty".into()));
+            return Err(Error::InvalidConfig("`model_dir` is empty".into()));
         }
         if self.batch_width == 0 {
-            return Err(Error::Config("`batch_width` must be at least 1".into()));
+            return Err(Error::InvalidConfig(
+                "`batch_width` must be at least 1".into(),
+            ));
         }
         let l = &self.limits;
         if l.max_batch == 0 || l.max_tokens_cap == 0 || l.default_max_tokens == 0 {
-            return Err(Error::Config(
+            return Err(Error::InvalidConfig(
                 "`limits.max_batch`, `limits.max_tokens_cap` and `limits.default_max_tokens` must be at least 1".into(),
             ));
         }
         if l.default_max_tokens > l.max_tokens_cap {
-            return Err(Error::Config(format!(
+            return Err(Error::InvalidConfig(format!(
                 "`limits.default_max_tokens` ({}) exceeds `limits.max_tokens_cap` ({})",
                 l.default_max_tokens, l.max_tokens_cap
             )));
         }
         if l.max_prompt_tokens == Some(0) {
-            return Err(Error::Config(
+            return Err(Error::InvalidConfig(
                 "`limits.max_prompt_tokens` must be at least 1".into(),
             ));
         }
         for (stage, spec) in &self.stages {
             if let Some(adapter) = &spec.adapter {
                 if !self.adapters.contains_key(adapter) {
-                    return Err(Error::Config(format!(
+                    return Err(Error::InvalidConfig(format!(
                         "stage `{stage}` uses adapter `{adapter}`, which is not declared in `adapters`"
                     )));
                 }

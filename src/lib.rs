@@ -10,6 +10,8 @@ pub mod capi;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod generate;
+pub mod model;
 pub mod prompt;
 
 pub use error::{Error, Result};

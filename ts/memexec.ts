@@ -2,7 +2,7 @@
 // JavaScript event loop never waits on the model (no blocking FFI call during generation, and
 // Rust never calls back into JS).
 import type { Pointer } from "bun:ffi";
-import { check, cstr, native, OutSlot, Status } from "./ffi";
+import { check, cstr, MemexecError, native, OutSlot, Status } from "./ffi";
 
 /** One model input: `system` overrides the stage's default (`""` = no system message). */
 export interface LocalInput {
@@ -103,7 +103,7 @@ export class Memexec {
   }
 
   /** The greedy completion of one input. */
-  call(stage: string, input: LocalInput, opts?: CallOptions): Promise<string> {
+  async call(stage: string, input: LocalInput, opts?: CallOptions): Promise<string> {
     return this.#submit("memexec_submit", stage, JSON.stringify(input), opts);
   }
 
@@ -150,6 +150,11 @@ export class Memexec {
     return new Promise((resolve, reject) => {
       let delay = 0;
       const tick = () => {
+        if (this.#handle === null) {
+          // Freed by close(): the library failed the request; its handle can no longer be polled.
+          reject(new MemexecError(Status.CLOSED, "the engine was closed while the request was in flight"));
+          return;
+        }
         const out = new OutSlot();
         const perr = new OutSlot();
         try {

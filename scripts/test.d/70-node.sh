@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 JS=.deps/js/node_modules/.bin
+bash scripts/host-oracle.sh
 "$JS/napi" build --platform --manifest-path bindings/node/Cargo.toml \
   --package-json-path bindings/node/package.json -o bindings/node --js index.js --dts index.d.ts
 if ! git diff --quiet HEAD -- bindings/node/index.d.ts bindings/node/index.js; then
@@ -12,4 +13,4 @@ if ! git diff --quiet HEAD -- bindings/node/index.d.ts bindings/node/index.js; t
   exit 1
 fi
 node --test bindings/node/test/
-"$JS/bun" test ./bindings/node/test/
+"$JS/bun" test --timeout 120000 ./bindings/node/test/

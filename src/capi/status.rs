@@ -48,10 +48,15 @@ pub(crate) fn status_of(e: &Error) -> memexec_status {
     use memexec_status as S;
     match e {
         Error::Mlx(_) | Error::Tokenizer(_) | Error::ChatTemplate(_) => S::GenerationFailed,
-        Error::Io { .. } | Error::InvalidFile { .. } | Error::Load(_) => S::LoadFailed,
+        Error::Io { .. }
+        | Error::InvalidFile { .. }
+        | Error::Config { .. }
+        | Error::UnsupportedModel { .. }
+        | Error::Tensor { .. }
+        | Error::Load(_) => S::LoadFailed,
         Error::InvalidArgument(_) => S::InvalidArgument,
         Error::InvalidJson { .. } => S::InvalidJson,
-        Error::Config(_) => S::InvalidConfig,
+        Error::InvalidConfig(_) => S::InvalidConfig,
         Error::NullArgument(_) => S::NullArgument,
         Error::InvalidUtf8(_) => S::InvalidUtf8,
         Error::PromptTooLong { .. } => S::PromptTooLong,

@@ -132,11 +132,3 @@ impl<G: Generate> Backend for Serial<G> {
         self.0.peak_memory()
     }
 }
-
-/// The production loader: the model backend for `config`.
-pub(crate) fn load(config: &crate::config::Config) -> crate::Result<Box<dyn Backend>> {
-    Err(crate::Error::Internal(format!(
-        "no model backend in this build yet (model dir {})",
-        config.model_dir.display()
-    )))
-}

@@ -6,6 +6,7 @@
 //! too, and a load failure is returned by [`Engine::new`] (nothing is cached: a later `new`
 //! tries again).
 pub mod backend;
+mod model_backend;
 pub mod request;
 pub mod stats;
 mod ticket;
@@ -18,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 pub use backend::{Backend, BackendInfo, Generate, Intake, Serial};
+pub use model_backend::ModelBackend;
 pub use request::{CallOptions, CancelFlag, Completion, Job, LocalInput, StopReason};
 pub use stats::Stats;
 pub use ticket::Ticket;
@@ -42,7 +44,7 @@ pub struct Engine {
 impl Engine {
     /// Starts an engine serving the model of `config` (loaded on the engine thread).
     pub fn new(config: Config) -> Result<Engine> {
-        Self::with_loader(config, Box::new(backend::load))
+        Self::with_loader(config, Box::new(model_backend::load))
     }
 
     /// Starts an engine thread that builds its backend with `loader`, and waits for the load.

@@ -40,7 +40,7 @@ fn select_device(choice: DeviceChoice) -> Result<()> {
             Device::set_default(&Device::gpu());
             Ok(())
         }
-        DeviceChoice::Gpu => Err(Error::Config(
+        DeviceChoice::Gpu => Err(Error::InvalidConfig(
             "`device: \"gpu\"` is only available on macOS builds; use \"default\" (MLX picks its GPU when it has one) or \"cpu\"".into(),
         )),
     }
@@ -60,7 +60,7 @@ fn check_adapters(config: &Config) -> Result<()> {
     }
     if let Some(name) = config.adapters.keys().next() {
         // Running an adapter stage on the base model would silently give wrong answers.
-        return Err(Error::Config(format!(
+        return Err(Error::InvalidConfig(format!(
             "adapter `{name}`: mounting LoRA adapters is not implemented in this build yet"
         )));
     }
@@ -73,7 +73,8 @@ impl ModelBackend {
         select_device(config.device)?;
         check_adapters(config)?;
         let model = Model::load(&config.model_dir)?;
-        let prompter = Prompter::from_dir(&config.model_dir)?.with_stages(crate::config::stage_registry(&config.stages)?);
+        let prompter = Prompter::from_dir(&config.model_dir)?
+            .with_stages(crate::config::stage_registry(&config.stages)?);
         let mut stop_ids = model.info().eos_token_ids.clone();
         if let Some(eos) = prompter.tokenizer().eos() {
             if !stop_ids.contains(&eos.id) {

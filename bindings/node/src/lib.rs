@@ -166,7 +166,11 @@ fn messages_of(m: Vec<memexec::prompt::Message>) -> Vec<Message> {
 /// The messages of a stage call without a model: `stagesJson` (a config's `stages` map, or
 /// null) laid over the built-in stage defaults.
 #[napi]
-pub fn messages(stages_json: Option<String>, stage: String, input: LocalInput) -> napi::Result<Vec<Message>> {
+pub fn messages(
+    stages_json: Option<String>,
+    stage: String,
+    input: LocalInput,
+) -> napi::Result<Vec<Message>> {
     let stages = match stages_json {
         None => Default::default(),
         Some(text) => serde_json::from_str(&text).map_err(|e| {
@@ -231,7 +235,10 @@ impl Engine {
     /// What the model is fed for a stage call (no generation).
     #[napi]
     pub fn prompt(&self, stage: String, input: LocalInput) -> napi::Result<Prompt> {
-        let p = self.inner.prompt(&stage, &self::input(input)).map_err(js_error)?;
+        let p = self
+            .inner
+            .prompt(&stage, &self::input(input))
+            .map_err(js_error)?;
         Ok(Prompt {
             messages: messages_of(p.messages),
             text: p.text,

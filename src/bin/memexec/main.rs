@@ -1,6 +1,7 @@
 //! The `memexec` command-line tool: one subcommand per file in this folder.
 use clap::{Parser, Subcommand};
 
+mod generate;
 mod prompt;
 mod run;
 mod smoke;
@@ -19,6 +20,8 @@ enum Command {
     Smoke(smoke::Args),
     /// Answer a JSONL of {stage, system?, user, max_tokens?} with a JSONL of outputs, in order.
     Run(run::Args),
+    /// Greedy generation from a model directory.
+    Generate(generate::Args),
     /// Show the prompt text and ids a stage call gives the model.
     Prompt(prompt::Args),
 }
@@ -32,6 +35,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Smoke(args) => smoke::run(args),
         Command::Run(args) => run::run(args),
+        Command::Generate(args) => generate::run(args),
         Command::Prompt(args) => prompt::run(args),
     };
     match result {
