@@ -14,6 +14,11 @@
 
 static int failures = 0;
 
+/* MEMEXEC_HOST_QUICK (the valgrind run, where MLX is ~100x slower): every generation uses the
+ * oracle's last case (1 token) and the slowest checks are skipped; the leak check is the point. */
+static int quick = 0;
+#define CASE(i) (quick ? ORACLE_N - 1 : (i))
+
 /* Prints how long the previous section took (the slow one shows up in CI logs). */
 static void section(const char *name) {
   static struct timespec last;
@@ -64,7 +69,8 @@ static struct memexec *open_engine(const char *extra) {
 }
 
 static void test_serial_calls(struct memexec *h) {
-  for (int i = 0; i < ORACLE_N; i++) {
+  for (int k = quick ? ORACLE_N - 1 : 0; k < ORACLE_N; k++) {
+    int i = k;
     char *out = NULL, *err = NULL;
     enum memexec_status s = memexec_call(h, ORACLE_STAGE[i], ORACLE_INPUT[i], ORACLE_OPTS[i], &out, &err);
     CHECK(s == MEMEXEC_STATUS_OK, "call %d: %s %s", i, memexec_status_name(s), err ? err : "");
@@ -77,13 +83,16 @@ static void test_serial_calls(struct memexec *h) {
 
 static void test_batch(struct memexec *h) {
   char *out = NULL, *err = NULL;
-  enum memexec_status s = memexec_batch(h, ORACLE_BATCH_STAGE, ORACLE_BATCH_INPUTS, ORACLE_BATCH_OPTS, &out, &err);
+  enum memexec_status s;
+  if (quick) goto empty;
+  s = memexec_batch(h, ORACLE_BATCH_STAGE, ORACLE_BATCH_INPUTS, ORACLE_BATCH_OPTS, &out, &err);
   CHECK(s == MEMEXEC_STATUS_OK, "batch: %s %s", memexec_status_name(s), err ? err : "");
   CHECK(out && strcmp(out, ORACLE_BATCH_TEXTS) == 0, "batch: got %s, want %s", out ? out : "(null)",
         ORACLE_BATCH_TEXTS);
   memexec_string_free(out);
   memexec_string_free(err);
 
+empty:;
   out = NULL;
   s = memexec_batch(h, "chunk", "[]", NULL, &out, NULL);
   CHECK(s == MEMEXEC_STATUS_OK && out && strcmp(out, "[]") == 0, "empty batch: %s `%s`", memexec_status_name(s),
@@ -94,12 +103,13 @@ static void test_batch(struct memexec *h) {
 static void test_submit_poll_cancel(struct memexec *h) {
   uint64_t id = 0;
   char *out = NULL, *err = NULL;
-  enum memexec_status s = memexec_submit(h, ORACLE_STAGE[0], ORACLE_INPUT[0], ORACLE_OPTS[0], &id, &err);
+  int c = CASE(0);
+  enum memexec_status s = memexec_submit(h, ORACLE_STAGE[c], ORACLE_INPUT[c], ORACLE_OPTS[c], &id, &err);
   CHECK(s == MEMEXEC_STATUS_OK && id != 0, "submit: %s", memexec_status_name(s));
   do {
     s = memexec_poll(h, id, &out, &err);
   } while (s == MEMEXEC_STATUS_PENDING);
-  CHECK(s == MEMEXEC_STATUS_OK && out && strcmp(out, ORACLE_TEXT[0]) == 0, "poll: %s `%s`", memexec_status_name(s),
+  CHECK(s == MEMEXEC_STATUS_OK && out && strcmp(out, ORACLE_TEXT[c]) == 0, "poll: %s `%s`", memexec_status_name(s),
         out ? out : "(null)");
   memexec_string_free(out);
   out = NULL;
@@ -138,7 +148,7 @@ struct worker {
 static void *worker_main(void *arg) {
   struct worker *w = arg;
   for (int k = 0; k < w->calls; k++) {
-    int i = (w->index * w->calls + k) % ORACLE_N;
+    int i = CASE((w->index * w->calls + k) % ORACLE_N);
     char *out = NULL, *err = NULL;
     enum memexec_status s = memexec_call(w->h, ORACLE_STAGE[i], ORACLE_INPUT[i], ORACLE_OPTS[i], &out, &err);
     if (s != MEMEXEC_STATUS_OK || strcmp(out, ORACLE_TEXT[i]) != 0) {
@@ -208,6 +218,7 @@ static void test_bad_inputs(struct memexec *h) {
   expect_error(s, &err, MEMEXEC_STATUS_INVALID_ARGUMENT, "max_batch", "huge batch");
   free(huge);
 
+  if (quick) goto usable;
   /* A prompt longer than the model's context. */
   size_t words = ORACLE_MAX_CONTEXT + 16;
   char *long_user = malloc(words * 6 + 64);
@@ -227,9 +238,11 @@ static void test_bad_inputs(struct memexec *h) {
   out = NULL;
   err = NULL;
 
+usable:;
   /* The handle still answers after every error above. */
-  s = memexec_call(h, ORACLE_STAGE[0], ORACLE_INPUT[0], ORACLE_OPTS[0], &out, &err);
-  CHECK(s == MEMEXEC_STATUS_OK && strcmp(out, ORACLE_TEXT[0]) == 0, "still usable");
+  int c = CASE(0);
+  s = memexec_call(h, ORACLE_STAGE[c], ORACLE_INPUT[c], ORACLE_OPTS[c], &out, &err);
+  CHECK(s == MEMEXEC_STATUS_OK && strcmp(out, ORACLE_TEXT[c]) == 0, "still usable");
   memexec_string_free(out);
   memexec_string_free(err);
 
@@ -302,6 +315,7 @@ static void test_free_in_flight(void) {
 }
 
 int main(void) {
+  quick = getenv("MEMEXEC_HOST_QUICK") != NULL;
   CHECK(memexec_abi_version() == MEMEXEC_ABI_VERSION, "abi version");
   section("new errors");
   test_new_errors();
@@ -315,7 +329,6 @@ int main(void) {
   test_submit_poll_cancel(h);
   section("threads");
   /* Under valgrind (MEMEXEC_HOST_QUICK) a lighter load: the leak check is the point there. */
-  int quick = getenv("MEMEXEC_HOST_QUICK") != NULL;
   test_threads(h, quick ? 2 : 8, quick ? 2 : 10);
   section("bad inputs");
   test_bad_inputs(h);
@@ -327,6 +340,8 @@ int main(void) {
     fprintf(stderr, "c_host: %d failure(s)\n", failures);
     return 1;
   }
-  printf("c_host: all checks passed (%d oracle cases, batch of 5, 8x10 threaded calls)\n", ORACLE_N);
+  printf(quick ? "c_host: quick checks passed\n"
+               : "c_host: all checks passed (%d oracle cases, batch of 5, 8x10 threaded calls)\n",
+         ORACLE_N);
   return 0;
 }
