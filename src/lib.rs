@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod capi;
 pub mod error;
+pub mod lora;
 pub mod prompt;
 
 pub use error::{Error, Result};
