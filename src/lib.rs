@@ -8,7 +8,9 @@
 pub mod bench;
 pub mod capi;
 pub mod error;
+pub mod generate;
 pub mod lora;
+pub mod model;
 pub mod prompt;
 
 pub use error::{Error, Result};
