@@ -78,7 +78,7 @@ fn mount_err(tensors: &[(&str, Array)]) -> String {
 
 fn max_abs(a: &Array, b: &Array) -> f32 {
     let d = subtract(a, b).unwrap().abs().unwrap().max(None).unwrap();
-    d.item::<f32>()
+    d.item_exact::<f32>()
 }
 
 #[test]
