@@ -2,7 +2,7 @@
 //! needed): every malformed-adapter case fails with the tensor named and the registry
 //! unchanged; per-row application equals the one-row path bit for bit.
 use std::path::Path;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use memexec::lora::{Activation, AdapterRegistry, AdapterStack, ModuleShape};
 use memexec::Error;
@@ -95,7 +95,7 @@ fn mounts_and_applies_the_mlx_lm_formula() {
     assert_eq!((pairs[0].1.rank(), pairs[0].1.scale()), (2, 4.0));
     assert_eq!(reg.pairs(DOWN).unwrap()[0].1.rank(), 3);
 
-    let reg = Arc::new(reg);
+    let reg = Rc::new(reg);
     let x = normal(&[1, 5, 8], 9);
     let y = normal(&[1, 5, 16], 10);
     let act = Activation::uniform(reg.clone(), AdapterStack::single(id), 1)
@@ -159,7 +159,7 @@ fn peft_layout_is_transposed_and_alpha_scaled() {
     let mut reg = AdapterRegistry::new(modules());
     let a = reg.mount(&mlx).unwrap();
     let b = reg.mount(&peft).unwrap();
-    let reg = Arc::new(reg);
+    let reg = Rc::new(reg);
     let x = normal(&[1, 3, 8], 5);
     let y = normal(&[1, 3, 16], 6);
     let run = |id| {
@@ -192,7 +192,7 @@ fn per_row_adapters_equal_the_one_row_path_bit_for_bit() {
     write_adapter(&two, MLX_CONFIG, &t2);
     let a = reg.mount(&one).unwrap();
     let b = reg.mount(&two).unwrap();
-    let reg = Arc::new(reg);
+    let reg = Rc::new(reg);
     let stacks = vec![
         AdapterStack::none(),
         AdapterStack::single(a),

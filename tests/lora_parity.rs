@@ -5,7 +5,7 @@
 mod model_support;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::rc::Rc;
 
 use memexec::generate::{argmax_rows, greedy, prefill, GenerateOptions, PREFILL_STEP};
 use memexec::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
@@ -26,16 +26,16 @@ fn adapter_dir(name: &str) -> PathBuf {
     d
 }
 
-fn mount_all(model: &Model) -> (Arc<AdapterRegistry>, Vec<AdapterId>) {
+fn mount_all(model: &Model) -> (Rc<AdapterRegistry>, Vec<AdapterId>) {
     let mut reg = AdapterRegistry::new(model.linear_modules());
     let ids = ADAPTERS
         .iter()
         .map(|a| reg.mount(&adapter_dir(a)).expect("mount"))
         .collect();
-    (Arc::new(reg), ids)
+    (Rc::new(reg), ids)
 }
 
-fn ctx_for(reg: &Arc<AdapterRegistry>, stacks: Vec<AdapterStack>) -> ForwardCtx {
+fn ctx_for(reg: &Rc<AdapterRegistry>, stacks: Vec<AdapterStack>) -> ForwardCtx {
     ForwardCtx::with_adapters(Activation::per_row(reg.clone(), stacks).expect("activation"))
 }
 
@@ -325,7 +325,7 @@ fn malformed_adapters_fail_clearly_and_the_model_stays_usable() {
     }
     // Still usable: the real adapter mounts after the failures and matches mlx-lm.
     let id = reg.mount(&adapter_dir("lora-default")).expect("mount");
-    let reg = Arc::new(reg);
+    let reg = Rc::new(reg);
     let o = oracle(&format!("{FIXTURE}+lora-default"));
     let p = &o.prompts[0];
     let ours = last_logits(

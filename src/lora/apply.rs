@@ -6,7 +6,7 @@
 //! B = 1 path computes it, so a row's numbers do not depend on its neighbours; rows without
 //! adapters keep the base output untouched (not even `+ 0`).
 use std::fmt;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
@@ -52,8 +52,8 @@ impl AdapterStack {
 /// the base path runs no extra operation at all.
 #[derive(Clone)]
 pub struct Activation {
-    registry: Arc<AdapterRegistry>,
-    rows: Arc<[AdapterStack]>,
+    registry: Rc<AdapterRegistry>,
+    rows: Rc<[AdapterStack]>,
 }
 
 impl fmt::Debug for Activation {
@@ -76,7 +76,7 @@ impl Activation {
     /// Row `r` of the batch runs with `rows[r]`. `None` when no row uses an adapter.
     /// Fails on an id that is not in `registry`.
     pub fn per_row(
-        registry: Arc<AdapterRegistry>,
+        registry: Rc<AdapterRegistry>,
         rows: Vec<AdapterStack>,
     ) -> Result<Option<Activation>> {
         for id in rows.iter().flat_map(|s| s.ids()) {
@@ -99,7 +99,7 @@ impl Activation {
 
     /// Every one of `batch` rows runs with `stack`.
     pub fn uniform(
-        registry: Arc<AdapterRegistry>,
+        registry: Rc<AdapterRegistry>,
         stack: AdapterStack,
         batch: usize,
     ) -> Result<Option<Activation>> {
@@ -112,7 +112,7 @@ impl Activation {
     }
 
     /// The registry the ids refer to.
-    pub fn registry(&self) -> &Arc<AdapterRegistry> {
+    pub fn registry(&self) -> &Rc<AdapterRegistry> {
         &self.registry
     }
 

@@ -3,7 +3,7 @@
 //!
 //! Flow: [`AdapterRegistry::new`] with the model's linear modules → [`AdapterRegistry::mount`]
 //! per adapter directory (read + validate + load; nothing changes on error) → freeze it in an
-//! `Arc` → per forward call an [`Activation`] (which adapters each row runs with, or none at
+//! `Rc` → per forward call an [`Activation`] (which adapters each row runs with, or none at
 //! all) → each linear layer calls [`Activation::apply`] on its base output.
 //!
 //! Output of a module with pairs: `y = base(x) + cast(scale * ((x @ A) @ B), x.dtype)`, one

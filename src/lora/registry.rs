@@ -1,5 +1,8 @@
 //! The adapters mounted on one model: read and validated once at start-up, immutable after
-//! (shared through an `Arc` by every forward call that uses them).
+//! (shared through an `Rc` by every forward call that uses them).
+//!
+//! `Rc`, not `Arc`: MLX arrays are `Send` but not `Sync`, so the registry (itself `Send`)
+//! lives on the thread that runs the model; build it there, or move it there, then wrap it.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
 //! `memexec generate`: greedy generation from a model directory, for debugging and for the
 //! parity scripts.
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::Instant;
 
 use memexec::generate::{greedy, GenerateOptions, StopReason};
@@ -71,7 +71,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
     for dir in &args.adapters {
         ids.push(registry.mount_named(&format!("adapter{}", ids.len()), dir)?);
     }
-    let adapters = Activation::uniform(Arc::new(registry), AdapterStack::new(ids), 1)?;
+    let adapters = Activation::uniform(Rc::new(registry), AdapterStack::new(ids), 1)?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         adapters,
