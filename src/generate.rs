@@ -147,7 +147,7 @@ pub fn decode_step(
 }
 
 /// Greedy generation for one prompt (serial, B = 1).
-pub fn greedy(model: &Model, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation> {
+pub fn greedy(model: &Model, prompt: &[u32], opts: GenerateOptions) -> Result<Generation> {
     let ctx = ForwardCtx::with_adapters(opts.adapters.clone());
     let stop_ids = opts
         .stop_ids

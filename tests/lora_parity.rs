@@ -111,7 +111,7 @@ fn adapter_greedy_matches_mlx_lm_for_40_tokens() {
                     .expect("activation"),
                 ..Default::default()
             };
-            let g = greedy(&model, &p.prompt_ids, &opts).expect("greedy");
+            let g = greedy(&model, &p.prompt_ids, opts).expect("greedy");
             let agree = g
                 .ids
                 .iter()

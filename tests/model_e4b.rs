@@ -35,7 +35,7 @@ fn e4b_greedy_matches_the_apple_silicon_golden() {
         stop_ids: Some(vec![]),
         ..Default::default()
     };
-    let g = greedy(&model, &prompt, &opts).expect("greedy");
+    let g = greedy(&model, &prompt, opts).expect("greedy");
     let agree = g.ids.iter().zip(&want).take_while(|(a, b)| a == b).count();
     println!(
         "e4b: {agree}/{} greedy ids agree with the Apple-silicon golden",

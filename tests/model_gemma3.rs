@@ -53,7 +53,7 @@ fn check_prompt(model: &Model, tok: &tokenizers::Tokenizer, p: &OraclePrompt, n:
         stop_ids: Some(vec![]),
         ..Default::default()
     };
-    let g = greedy(model, &p.prompt_ids, &opts).expect("greedy");
+    let g = greedy(model, &p.prompt_ids, opts).expect("greedy");
     let text = tok.decode(&g.ids, false).expect("decode");
     let prompt = tok.decode(&p.prompt_ids, true).expect("decode");
     let agree = g

@@ -80,7 +80,7 @@ fn check_greedy(fixture: &str, n: usize, max_len: usize) {
             stop_ids: Some(vec![]),
             ..Default::default()
         };
-        let g = greedy(&model, &p.prompt_ids, &opts).expect("greedy");
+        let g = greedy(&model, &p.prompt_ids, opts).expect("greedy");
         let agree = g
             .ids
             .iter()
@@ -132,7 +132,7 @@ fn tiny_f32_stops_on_stop_ids() {
         stop_ids: Some(vec![stop]),
         ..Default::default()
     };
-    let g = greedy(&model, &p.prompt_ids, &opts).expect("greedy");
+    let g = greedy(&model, &p.prompt_ids, opts).expect("greedy");
     assert_eq!(g.ids, p.greedy_ids[..first]);
     assert_eq!(g.stop, StopReason::Eos(stop));
     // And the config's eos set: the oracle records where (if anywhere) it first appears.
@@ -140,7 +140,7 @@ fn tiny_f32_stops_on_stop_ids() {
         let g = greedy(
             &model,
             &p.prompt_ids,
-            &GenerateOptions {
+            GenerateOptions {
                 max_tokens: 40,
                 ..Default::default()
             },
@@ -171,7 +171,7 @@ fn tiny_f32_chunked_prefill_matches() {
         stop_ids: Some(vec![]),
         ..Default::default()
     };
-    let g = greedy(&model, &p.prompt_ids, &opts).expect("greedy");
+    let g = greedy(&model, &p.prompt_ids, opts).expect("greedy");
     assert_eq!(
         g.ids[..],
         p.greedy_ids[..16],

@@ -65,6 +65,8 @@ enum Arch {
 pub struct Model {
     arch: Arch,
     info: ModelInfo,
+    /// Per-layer caches in a [`RowCache`] of this model.
+    cache_layers: usize,
 }
 
 impl Model {
@@ -103,7 +105,13 @@ impl Model {
             dtype,
             weight_bytes,
         };
-        Ok(Model { arch, info })
+        let mut model = Model {
+            arch,
+            info,
+            cache_layers: 0,
+        };
+        model.cache_layers = model.new_cache().len();
+        Ok(model)
     }
 
     /// Every linear layer (path and shape), for mounting LoRA adapters; the tied output head
@@ -178,7 +186,7 @@ impl Model {
                 "a batch of {b} rows must have one token per row, got {l}"
             ));
         }
-        let expected = self.new_cache().len();
+        let expected = self.cache_layers;
         if let Some(c) = caches.iter().find(|c| c.len() != expected) {
             return bad(format!(
                 "a cache has {} layers, this model needs {expected}",

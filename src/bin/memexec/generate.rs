@@ -77,7 +77,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
         adapters,
         ..Default::default()
     };
-    let g = greedy(&model, &prompt, &opts)?;
+    let g = greedy(&model, &prompt, opts)?;
     let text = match &tokenizer {
         Some(tok) => Some(
             tok.decode(&g.ids, false)
