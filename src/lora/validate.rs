@@ -109,10 +109,9 @@ pub fn validate(files: &AdapterFiles, table: &ModuleTable) -> Result<Vec<ValidPa
     let mut errors: Vec<String> = Vec::new();
     // Canonical module -> its two factors; BTreeMap for a stable error and mount order.
     let mut pairs: BTreeMap<String, PairSlots> = BTreeMap::new();
-    let mut names: Vec<&String> = files.tensors.keys().collect();
-    names.sort();
-    for name in names {
-        let array = &files.tensors[name];
+    let mut tensors: Vec<(&String, &Array)> = files.tensors.iter().collect();
+    tensors.sort_by(|a, b| a.0.cmp(b.0));
+    for (name, array) in tensors {
         let Some(t) = parse_tensor_name(name) else {
             errors.push(format!(
                 "tensor {name}: not a LoRA factor (expected <module>.lora_a / .lora_b, \
