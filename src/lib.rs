@@ -9,6 +9,7 @@ pub mod bench;
 pub mod capi;
 pub mod error;
 pub mod generate;
+pub mod lora;
 pub mod model;
 pub mod prompt;
 
