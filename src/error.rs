@@ -18,6 +18,32 @@ pub enum Error {
     /// The caller passed something invalid (bad JSON, unknown key, empty input...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A model's `config.json` is unreadable, malformed, or lacks a required field.
+    #[error("{path}: invalid model config: {message}")]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The checkpoint's architecture is not one memexec implements.
+    #[error("{path}: unsupported model_type {model_type:?} (supported: gemma4, gemma4_text, gemma3, gemma3_text)")]
+    UnsupportedModel {
+        /// The config file.
+        path: PathBuf,
+        /// The `model_type` it declares.
+        model_type: String,
+    },
+    /// A checkpoint tensor is missing, mis-shaped, of the wrong dtype, or unexpected.
+    #[error("{file}: tensor {tensor:?}: {message}")]
+    Tensor {
+        /// The tensor's key in the checkpoint.
+        tensor: String,
+        /// The safetensors file it is in (or the model directory when it is missing).
+        file: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A file exists but its content is unusable (malformed JSON, a missing key...).
     #[error("{path}: {reason}")]
     InvalidFile {

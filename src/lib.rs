@@ -8,6 +8,8 @@
 pub mod bench;
 pub mod capi;
 pub mod error;
+pub mod generate;
+pub mod model;
 pub mod prompt;
 
 pub use error::{Error, Result};

@@ -27,13 +27,30 @@ pub struct Workload {
 }
 
 const PEOPLE: &[&str] = &[
-    "Ada Lovelace", "Grace Hopper", "Linus", "Margaret Hamilton", "Ken", "Barbara Liskov",
-    "Dennis", "Frances Allen", "Edsger", "Radia Perlman", "Tim", "Sophie Wilson",
+    "Ada Lovelace",
+    "Grace Hopper",
+    "Linus",
+    "Margaret Hamilton",
+    "Ken",
+    "Barbara Liskov",
+    "Dennis",
+    "Frances Allen",
+    "Edsger",
+    "Radia Perlman",
+    "Tim",
+    "Sophie Wilson",
 ];
 const PROJECTS: &[&str] = &[
-    "the billing migration", "Project Atlas", "the Q3 roadmap", "the onboarding flow",
-    "the search index rebuild", "the mobile release", "the data retention policy",
-    "the incident review", "the pricing experiment", "the memory pipeline",
+    "the billing migration",
+    "Project Atlas",
+    "the Q3 roadmap",
+    "the onboarding flow",
+    "the search index rebuild",
+    "the mobile release",
+    "the data retention policy",
+    "the incident review",
+    "the pricing experiment",
+    "the memory pipeline",
 ];
 const CLAUSES: &[&str] = &[
     "we agreed to move the deadline to next Friday",
@@ -53,7 +70,14 @@ const CLAUSES: &[&str] = &[
 fn uuid(rng: &mut ChaCha8Rng) -> String {
     let b: [u8; 16] = rng.random();
     let h = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!("{}-{}-{}-{}-{}", h(0..4), h(4..6), h(6..8), h(8..10), h(10..16))
+    format!(
+        "{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
 }
 
 fn pick<'a>(rng: &mut ChaCha8Rng, items: &[&'a str]) -> &'a str {
@@ -95,7 +119,11 @@ pub fn extract(seed: u64) -> Workload {
             }
         })
         .collect();
-    Workload { name: "EXTRACT", prompts, max_tokens: 96 }
+    Workload {
+        name: "EXTRACT",
+        prompts,
+        max_tokens: 96,
+    }
 }
 
 /// SHORT: 8 yes/no routing questions over short excerpts, 24 new tokens.
@@ -115,7 +143,11 @@ pub fn short(seed: u64) -> Workload {
             }
         })
         .collect();
-    Workload { name: "SHORT", prompts, max_tokens: 24 }
+    Workload {
+        name: "SHORT",
+        prompts,
+        max_tokens: 24,
+    }
 }
 
 /// UNIFORM: 16 one-line summary requests of near-equal length, 64 new tokens.
@@ -133,7 +165,11 @@ pub fn uniform(seed: u64) -> Workload {
             ),
         })
         .collect();
-    Workload { name: "UNIFORM", prompts, max_tokens: 64 }
+    Workload {
+        name: "UNIFORM",
+        prompts,
+        max_tokens: 64,
+    }
 }
 
 /// All three workloads for one seed.
@@ -152,10 +188,20 @@ mod tests {
             assert_eq!(x.prompts, y.prompts, "{} is not deterministic", x.name);
         }
         assert_ne!(all(8)[0].prompts, a[0].prompts, "the seed must matter");
-        let sizes: Vec<_> = a.iter().map(|w| (w.name, w.prompts.len(), w.max_tokens)).collect();
-        assert_eq!(sizes, [("EXTRACT", 8, 96), ("SHORT", 8, 24), ("UNIFORM", 16, 64)]);
+        let sizes: Vec<_> = a
+            .iter()
+            .map(|w| (w.name, w.prompts.len(), w.max_tokens))
+            .collect();
+        assert_eq!(
+            sizes,
+            [("EXTRACT", 8, 96), ("SHORT", 8, 24), ("UNIFORM", 16, 64)]
+        );
         let lens: Vec<usize> = a[0].prompts.iter().map(|p| p.user.len()).collect();
         let distinct: std::collections::BTreeSet<_> = lens.iter().collect();
-        assert_eq!(distinct.len(), lens.len(), "EXTRACT prompt lengths must differ: {lens:?}");
+        assert_eq!(
+            distinct.len(),
+            lens.len(),
+            "EXTRACT prompt lengths must differ: {lens:?}"
+        );
     }
 }

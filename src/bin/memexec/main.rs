@@ -1,6 +1,7 @@
 //! The `memexec` command-line tool: one subcommand per file in this folder.
 use clap::{Parser, Subcommand};
 
+mod generate;
 mod prompt;
 mod smoke;
 
@@ -16,6 +17,8 @@ struct Cli {
 enum Command {
     /// Load MLX, run a few operations and print what they computed.
     Smoke(smoke::Args),
+    /// Greedy generation from a model directory.
+    Generate(generate::Args),
     /// Show the prompt text and ids a stage call gives the model.
     Prompt(prompt::Args),
 }
@@ -28,6 +31,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Smoke(args) => smoke::run(args),
+        Command::Generate(args) => generate::run(args),
         Command::Prompt(args) => prompt::run(args),
     };
     match result {

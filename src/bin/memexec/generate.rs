@@ -1,0 +1,110 @@
+//! `memexec generate`: greedy generation from a model directory, for debugging and for the
+//! parity scripts.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use memexec::generate::{greedy, GenerateOptions, StopReason};
+use memexec::model::Model;
+use memexec::Error;
+
+/// Arguments of `memexec generate`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The MLX model directory (config.json, *.safetensors, optionally tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt token ids, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "text",
+        required_unless_present = "text"
+    )]
+    prompt_ids: Vec<u32>,
+    /// Raw prompt text, encoded with the model's tokenizer.json (special tokens added, no chat
+    /// template).
+    #[arg(long)]
+    text: Option<String>,
+    /// The most tokens to generate.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> memexec::Result<()> {
+    let t0 = Instant::now();
+    let model = Model::load(&args.model)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let tok_path = args.model.join("tokenizer.json");
+    let tokenizer = if tok_path.exists() {
+        Some(
+            tokenizers::Tokenizer::from_file(&tok_path)
+                .map_err(|e| Error::Tokenizer(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    let prompt: Vec<u32> = match (&args.text, &tokenizer) {
+        (Some(text), Some(tok)) => tok
+            .encode(text.as_str(), true)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?
+            .get_ids()
+            .to_vec(),
+        (Some(_), None) => {
+            return Err(Error::InvalidArgument(format!(
+                "--text needs {}",
+                tok_path.display()
+            )))
+        }
+        (None, _) => args.prompt_ids.clone(),
+    };
+    let opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        ..Default::default()
+    };
+    let g = greedy(&model, &prompt, opts)?;
+    let text = match &tokenizer {
+        Some(tok) => Some(
+            tok.decode(&g.ids, false)
+                .map_err(|e| Error::Tokenizer(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let prefill_tps = prompt.len() as f64 / g.prefill_time.as_secs_f64().max(1e-9);
+    let decode_steps =
+        g.ids.len().saturating_sub(1) + usize::from(matches!(g.stop, StopReason::Eos(_)));
+    let decode_tps = decode_steps as f64 / g.decode_time.as_secs_f64().max(1e-9);
+    let stop = match g.stop {
+        StopReason::Eos(id) => format!("eos({id})"),
+        StopReason::MaxTokens => "max_tokens".to_string(),
+    };
+    if args.json {
+        let v = serde_json::json!({
+            "prompt_ids": prompt,
+            "ids": g.ids,
+            "text": text,
+            "stop": stop,
+            "load_s": load_s,
+            "prefill_tokens_per_s": prefill_tps,
+            "decode_tokens_per_s": decode_tps,
+        });
+        println!("{v}");
+    } else {
+        println!("prompt ({} tokens): {:?}", prompt.len(), prompt);
+        println!(
+            "generated ({} tokens, stop: {stop}): {:?}",
+            g.ids.len(),
+            g.ids
+        );
+        if let Some(t) = text {
+            println!("text: {t}");
+        }
+        println!(
+            "load {load_s:.2}s; prefill {prefill_tps:.1} tok/s; decode {decode_tps:.1} tok/s ({})",
+            model.info().model_type
+        );
+    }
+    Ok(())
+}

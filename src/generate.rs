@@ -1,0 +1,187 @@
+//! Greedy decoding with mlx-lm's `generate_step` schedule: prefill all prompt tokens but the
+//! last (chunks of at most [`PREFILL_STEP`]), then one token per step starting from the last
+//! prompt token. Also the building blocks the batching engine uses ([`prefill`],
+//! [`decode_step`]).
+use std::time::{Duration, Instant};
+
+use mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
+use mlx_rs::{Array, Dtype};
+
+use crate::error::{Error, Result};
+use crate::model::{ForwardCtx, Model, RowCache};
+
+/// mlx-lm's default `prefill_step_size`.
+pub const PREFILL_STEP: usize = 2048;
+
+/// Options of [`greedy`].
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// The most tokens to generate (the stop token, if any, is not counted or returned).
+    pub max_tokens: usize,
+    /// Prompt tokens per prefill forward (at most; mlx-lm's default 2048).
+    pub prefill_step: usize,
+    /// Tokens that end the generation; `None` = the model's eos ids.
+    pub stop_ids: Option<Vec<u32>>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            prefill_step: PREFILL_STEP,
+            stop_ids: None,
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced this stop token (not included in the output).
+    Eos(u32),
+    /// `max_tokens` were generated.
+    MaxTokens,
+}
+
+/// The result of [`greedy`].
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// The generated ids, without the stop token.
+    pub ids: Vec<u32>,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Time to process the prompt and pick the first token.
+    pub prefill_time: Duration,
+    /// Time of the decode steps after the first token.
+    pub decode_time: Duration,
+}
+
+fn ids_array(ids: &[u32], shape: &[i32]) -> Result<Array> {
+    let v: Vec<i32> = ids
+        .iter()
+        .map(|&t| {
+            i32::try_from(t)
+                .map_err(|_| Error::InvalidArgument(format!("token id {t} out of range")))
+        })
+        .collect::<Result<_>>()?;
+    Ok(Array::from_slice(&v, shape))
+}
+
+/// Greedy picks from `[B, vocab]` f32 logits, computed per row exactly as mlx-lm's sampler
+/// does: in the model's dtype, `argmax(logits - logsumexp(logits))`, ties to the lowest id.
+pub fn argmax_rows(model: &Model, logits: &Array) -> Result<Vec<u32>> {
+    argmax_rows_in(logits, model.info().dtype)
+}
+
+/// [`argmax_rows`] with the dtype given (the model's activation dtype: the f32 logits are
+/// cast back to it, exactly, so that the subtraction rounds as in mlx-lm).
+pub fn argmax_rows_in(logits: &Array, dtype: Dtype) -> Result<Vec<u32>> {
+    let rows = logits.dim(0);
+    let mut picks = Vec::with_capacity(rows as usize);
+    for r in 0..rows {
+        let l = if rows == 1 {
+            logits.clone()
+        } else {
+            logits.try_index(r..r + 1)?
+        };
+        let l = l.as_dtype(dtype)?;
+        // logsumexp over all axes of the [1, vocab] row, as mlx-lm's `logsumexp(keepdims=True)`.
+        let logprobs = l.subtract(l.logsumexp(true)?)?;
+        picks.push(argmax_axis(&logprobs, -1, false)?);
+    }
+    mlx_rs::transforms::eval(picks.iter())?;
+    picks
+        .iter()
+        .map(|p| {
+            p.try_item_exact::<u32>()
+                .map_err(|e| Error::InvalidArgument(format!("argmax: {e}")))
+        })
+        .collect()
+}
+
+/// Runs a whole prompt through `cache` (B = 1) and returns the first generated token:
+/// `prompt[..n-1]` in chunks of at most `step`, then the last token alone (as mlx-lm).
+pub fn prefill(
+    model: &Model,
+    prompt: &[u32],
+    cache: &mut RowCache,
+    step: usize,
+    ctx: &ForwardCtx,
+) -> Result<u32> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::InvalidArgument("empty prompt".into()));
+    };
+    let step = step.max(1);
+    for chunk in head.chunks(step) {
+        let tokens = ids_array(chunk, &[1, chunk.len() as i32])?;
+        // The chunk's logits are never evaluated: only the caches are needed.
+        let _ = model.forward(&tokens, &mut [&mut *cache], ctx)?;
+        cache.eval()?;
+    }
+    let logits = model.forward(&ids_array(&[last], &[1, 1])?, &mut [&mut *cache], ctx)?;
+    let next = argmax_rows(model, &logits)?;
+    cache.eval()?;
+    next.first()
+        .copied()
+        .ok_or_else(|| Error::InvalidArgument("no logits".into()))
+}
+
+/// One batched decode step: feeds `last[i]` to row `i` (each with its own cache) and returns
+/// each row's next greedy token.
+pub fn decode_step(
+    model: &Model,
+    last: &[u32],
+    caches: &mut [&mut RowCache],
+    ctx: &ForwardCtx,
+) -> Result<Vec<u32>> {
+    let tokens = ids_array(last, &[last.len() as i32, 1])?;
+    let logits = model.forward(&tokens, caches, ctx)?;
+    let next = argmax_rows(model, &logits)?;
+    for c in caches.iter() {
+        c.eval()?;
+    }
+    Ok(next)
+}
+
+/// Greedy generation for one prompt (serial, B = 1).
+pub fn greedy(model: &Model, prompt: &[u32], opts: GenerateOptions) -> Result<Generation> {
+    let ctx = ForwardCtx::default();
+    let stop_ids = opts
+        .stop_ids
+        .clone()
+        .unwrap_or_else(|| model.info().eos_token_ids.clone());
+    let mut cache = model.new_cache();
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    if opts.max_tokens == 0 {
+        return Ok(Generation {
+            ids,
+            stop: StopReason::MaxTokens,
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        });
+    }
+    let mut next = prefill(model, prompt, &mut cache, opts.prefill_step, &ctx)?;
+    let prefill_time = started.elapsed();
+    let decode_start = Instant::now();
+    let stop = loop {
+        if stop_ids.contains(&next) {
+            break StopReason::Eos(next);
+        }
+        ids.push(next);
+        if ids.len() >= opts.max_tokens {
+            break StopReason::MaxTokens;
+        }
+        let step = decode_step(model, &[next], &mut [&mut cache], &ctx)?;
+        next = step
+            .first()
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument("no logits".into()))?;
+    };
+    Ok(Generation {
+        ids,
+        stop,
+        prefill_time,
+        decode_time: decode_start.elapsed(),
+    })
+}

@@ -1,0 +1,360 @@
+//! Per-sequence key/value caches, mirroring mlx-lm's `KVCache` and `RotatingKVCache`
+//! (`mlx_lm/models/cache.py`) step for step: the same buffer growth, ring layout and masks, so
+//! attention sums over the same keys in the same order as the oracle.
+use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::Array;
+
+use crate::error::{Error, Result};
+
+/// Buffers grow by this many positions at a time (mlx-lm's `step`).
+const STEP: i32 = 256;
+
+/// The attention mask of one forward call for one layer type.
+pub enum Mask {
+    /// Every key is visible (a single query over a cache that holds only its window).
+    None,
+    /// Causal, aligned to the last key (MLX's `"causal"` mode).
+    Causal,
+    /// An explicit boolean `[L, keys]` mask (true = attend).
+    Array(Array),
+}
+
+/// mlx-lm's `create_causal_mask(N, offset, window_size)`: query `i` (absolute position
+/// `offset + i`) sees key `j` iff `j <= offset + i` and `offset + i < j + window`.
+pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Array {
+    let total = offset + n;
+    let mut data = Vec::with_capacity((n * total).max(0) as usize);
+    for i in 0..n {
+        let l = offset + i;
+        for r in 0..total {
+            data.push(l >= r && window.is_none_or(|w| l < r + w));
+        }
+    }
+    Array::from_slice(&data, &[n, total])
+}
+
+fn shape4(a: &Array, what: &str) -> Result<[i32; 4]> {
+    match a.shape() {
+        &[b, h, l, d] => Ok([b, h, l, d]),
+        s => Err(Error::InvalidArgument(format!(
+            "{what} must be [B, heads, L, head_dim], got {s:?}"
+        ))),
+    }
+}
+
+/// `v[..., start..end, :]`.
+fn seq(v: &Array, start: i32, end: i32) -> Result<Array> {
+    Ok(v.try_index((.., .., start..end, ..))?)
+}
+
+/// A growing cache for full-attention layers (mlx-lm `KVCache`).
+#[derive(Default)]
+pub struct KvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: i32,
+}
+
+impl KvCache {
+    /// Appends `keys` / `values` (`[1, kv_heads, L, head_dim]`) and returns all cached ones.
+    pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let [b, h, s, dk] = shape4(keys, "keys")?;
+        let dv = shape4(values, "values")?[3];
+        let prev = self.offset;
+        let (mut ck, mut cv) = match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) if prev + s <= k.dim(2) => (k, v),
+            (old_k, old_v) => {
+                let n_steps = (STEP + s - 1) / STEP;
+                let new_k = zeros_dtype(&[b, h, n_steps * STEP, dk], keys.dtype())?;
+                let new_v = zeros_dtype(&[b, h, n_steps * STEP, dv], values.dtype())?;
+                match (old_k, old_v) {
+                    (Some(mut k), Some(mut v)) => {
+                        if prev % STEP != 0 {
+                            k = seq(&k, 0, prev)?;
+                            v = seq(&v, 0, prev)?;
+                        }
+                        (concatenate(&[k, new_k], 2)?, concatenate(&[v, new_v], 2)?)
+                    }
+                    _ => (new_k, new_v),
+                }
+            }
+        };
+        self.offset += s;
+        ck.try_index_mut((.., .., prev..self.offset, ..), keys)?;
+        cv.try_index_mut((.., .., prev..self.offset, ..), values)?;
+        let out = if self.offset < ck.dim(2) {
+            (seq(&ck, 0, self.offset)?, seq(&cv, 0, self.offset)?)
+        } else {
+            (ck.clone(), cv.clone())
+        };
+        self.keys = Some(ck);
+        self.values = Some(cv);
+        Ok(out)
+    }
+
+    /// The mask for `n` new queries (mlx-lm: none for one token, else causal).
+    pub fn make_mask(&self, n: i32) -> Mask {
+        if n == 1 {
+            Mask::None
+        } else {
+            Mask::Causal
+        }
+    }
+
+    /// Positions seen so far.
+    pub fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.keys.iter().chain(self.values.iter())
+    }
+}
+
+/// A sliding-window ring buffer (mlx-lm `RotatingKVCache` with `keep = 0`).
+///
+/// Single-token updates write in place into a ring of `max_size`; multi-token updates put the
+/// buffer back in temporal order and append, holding up to `max_size - 1 + L` entries so each
+/// new query still sees a full window (the window mask enforces the rest).
+pub struct RotatingKvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: i32,
+    max_size: i32,
+    idx: i32,
+}
+
+impl RotatingKvCache {
+    /// An empty cache holding at most `max_size` positions between multi-token updates.
+    pub fn new(max_size: i32) -> RotatingKvCache {
+        RotatingKvCache {
+            keys: None,
+            values: None,
+            offset: 0,
+            max_size,
+            idx: 0,
+        }
+    }
+
+    fn temporal_order(&self, v: &Array) -> Result<Array> {
+        let len = v.dim(2);
+        if self.idx == len {
+            Ok(v.clone())
+        } else if self.idx < self.offset {
+            Ok(concatenate(
+                &[seq(v, self.idx, len)?, seq(v, 0, self.idx)?],
+                2,
+            )?)
+        } else {
+            seq(v, 0, self.idx)
+        }
+    }
+
+    fn update_concat(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let (k, v) = match (self.keys.take(), self.values.take()) {
+            (Some(ck), Some(cv)) => {
+                let ck = self.temporal_order(&ck)?;
+                let cv = self.temporal_order(&cv)?;
+                let len = ck.dim(2);
+                let trim = len - self.max_size + 1;
+                if trim > 0 {
+                    (
+                        concatenate(&[seq(&ck, trim, len)?, keys.clone()], 2)?,
+                        concatenate(&[seq(&cv, trim, len)?, values.clone()], 2)?,
+                    )
+                } else {
+                    (
+                        concatenate(&[ck, keys.clone()], 2)?,
+                        concatenate(&[cv, values.clone()], 2)?,
+                    )
+                }
+            }
+            _ => (keys.clone(), values.clone()),
+        };
+        self.offset += keys.dim(2);
+        self.idx = k.dim(2);
+        self.keys = Some(k.clone());
+        self.values = Some(v.clone());
+        Ok((k, v))
+    }
+
+    fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let [b, h, s, dk] = shape4(keys, "keys")?;
+        let dv = shape4(values, "values")?[3];
+        let prev = self.offset;
+        let (mut ck, mut cv) = match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) if !(prev >= k.dim(2) && k.dim(2) < self.max_size) => (k, v),
+            (old_k, old_v) => {
+                let new_size = STEP.min(self.max_size - prev);
+                let new_k = zeros_dtype(&[b, h, new_size, dk], keys.dtype())?;
+                let new_v = zeros_dtype(&[b, h, new_size, dv], values.dtype())?;
+                self.idx = prev;
+                match (old_k, old_v) {
+                    (Some(k), Some(v)) => {
+                        (concatenate(&[k, new_k], 2)?, concatenate(&[v, new_v], 2)?)
+                    }
+                    _ => (new_k, new_v),
+                }
+            }
+        };
+        let len = ck.dim(2);
+        let trim = len - self.max_size;
+        if trim > 0 {
+            ck = seq(&ck, trim, len)?;
+            cv = seq(&cv, trim, len)?;
+            self.idx = self.max_size;
+        }
+        if self.idx == self.max_size {
+            self.idx = 0;
+        }
+        ck.try_index_mut((.., .., self.idx..self.idx + s, ..), keys)?;
+        cv.try_index_mut((.., .., self.idx..self.idx + s, ..), values)?;
+        self.offset += s;
+        self.idx += s;
+        let out = if self.offset < ck.dim(2) {
+            (seq(&ck, 0, self.offset)?, seq(&cv, 0, self.offset)?)
+        } else {
+            (ck.clone(), cv.clone())
+        };
+        self.keys = Some(ck);
+        self.values = Some(cv);
+        Ok(out)
+    }
+
+    /// Adds `keys` / `values` (`[1, kv_heads, L, head_dim]`) and returns what attention sees.
+    pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        if keys.dim(2) == 1 {
+            self.update_in_place(keys, values)
+        } else {
+            self.update_concat(keys, values)
+        }
+    }
+
+    /// The mask for `n` new queries with a sliding `window` (mlx-lm `make_mask`).
+    pub fn make_mask(&self, n: i32, window: i32) -> Mask {
+        if n > 1 {
+            let offset = (self.max_size - 1).min(self.offset);
+            if offset + n > window {
+                Mask::Array(causal_mask(n, offset, Some(window)))
+            } else {
+                Mask::Causal
+            }
+        } else {
+            // The ring never holds more than `max_size` = window entries after a one-token
+            // update, so every cached key is inside the window.
+            Mask::None
+        }
+    }
+
+    /// Positions seen so far (not the number held).
+    pub fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.keys.iter().chain(self.values.iter())
+    }
+}
+
+/// The cache of one layer.
+pub enum LayerCache {
+    /// Full attention.
+    Full(KvCache),
+    /// Sliding-window attention.
+    Rotating(RotatingKvCache),
+}
+
+impl LayerCache {
+    /// Positions seen so far.
+    pub fn offset(&self) -> i32 {
+        match self {
+            LayerCache::Full(c) => c.offset(),
+            LayerCache::Rotating(c) => c.offset(),
+        }
+    }
+
+    /// Adds new keys / values and returns those attention sees.
+    pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        match self {
+            LayerCache::Full(c) => c.update_and_fetch(keys, values),
+            LayerCache::Rotating(c) => c.update_and_fetch(keys, values),
+        }
+    }
+
+    /// The mask for `n` new queries (`window` applies to rotating caches only).
+    pub fn make_mask(&self, n: i32, window: i32) -> Mask {
+        match self {
+            LayerCache::Full(c) => c.make_mask(n),
+            LayerCache::Rotating(c) => c.make_mask(n, window),
+        }
+    }
+
+    fn arrays(&self) -> Box<dyn Iterator<Item = &Array> + '_> {
+        match self {
+            LayerCache::Full(c) => Box::new(c.arrays()),
+            LayerCache::Rotating(c) => Box::new(c.arrays()),
+        }
+    }
+}
+
+/// All layers' caches of ONE sequence. Memory grows with the positions actually cached
+/// (in 256-position steps), and sliding layers never hold more than their window (+ the
+/// length of the last multi-token update).
+pub struct RowCache {
+    layers: Vec<LayerCache>,
+}
+
+impl RowCache {
+    /// A cache made of the given per-layer caches (one per layer that owns keys / values).
+    pub fn new(layers: Vec<LayerCache>) -> RowCache {
+        RowCache { layers }
+    }
+
+    /// Positions processed so far (the offset of the next token).
+    pub fn offset(&self) -> usize {
+        self.layers
+            .first()
+            .map_or(0, |c| c.offset().max(0) as usize)
+    }
+
+    /// Number of per-layer caches.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// True when the model owns no cache (never for the supported models).
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// The cache of cache slot `i`.
+    pub fn layer(&self, i: usize) -> Option<&LayerCache> {
+        self.layers.get(i)
+    }
+
+    /// The cache of cache slot `i`, mutably.
+    pub fn layer_mut(&mut self, i: usize) -> Option<&mut LayerCache> {
+        self.layers.get_mut(i)
+    }
+
+    /// Bytes of key / value buffers currently allocated.
+    pub fn nbytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| l.arrays())
+            .map(Array::nbytes)
+            .sum()
+    }
+
+    /// The key / value buffers (to evaluate them together with other outputs).
+    pub fn arrays(&self) -> Vec<&Array> {
+        self.layers.iter().flat_map(|l| l.arrays()).collect()
+    }
+
+    /// Evaluates the cached arrays (so the lazy graph that produced them can be freed).
+    pub fn eval(&self) -> Result<()> {
+        mlx_rs::transforms::eval(self.arrays())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,301 @@
+//! The Gemma-3 text model (mlx-lm `gemma3_text.py`): `1 + w` norms, `query_pre_attn_scalar`
+//! attention scale, local / global RoPE bases, every `sliding_window_pattern`-th layer global.
+use mlx_rs::ops::clip;
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::{Array, Dtype};
+
+use super::activation::gelu_approx;
+use super::attention::{row, sdpa, stack_rows};
+use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
+use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
+use super::linear::{Embedding, Linear};
+use super::norm::GemmaRmsNorm;
+use super::rope::Rope;
+use super::weights::Weights;
+use super::ForwardCtx;
+use crate::error::{Error, Result};
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: GemmaRmsNorm,
+    k_norm: GemmaRmsNorm,
+    rope: Rope,
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+struct TransformerBlock {
+    layer_type: LayerType,
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: GemmaRmsNorm,
+    post_attention_layernorm: GemmaRmsNorm,
+    pre_feedforward_layernorm: GemmaRmsNorm,
+    post_feedforward_layernorm: GemmaRmsNorm,
+}
+
+/// A loaded Gemma-3 text model.
+pub struct Gemma3 {
+    cfg: Gemma3Config,
+    embed_tokens: Embedding,
+    layers: Vec<TransformerBlock>,
+    norm: GemmaRmsNorm,
+    lm_head: Option<Linear>,
+    dtype: Dtype,
+    scale: f32,
+}
+
+/// The prefix of model tensors and the output head key, by checkpoint layout.
+pub fn key_layout(wrapped: bool) -> (&'static str, &'static str) {
+    if wrapped {
+        ("language_model.model.", "language_model.lm_head")
+    } else {
+        ("model.", "lm_head")
+    }
+}
+
+/// mlx-lm's `gemma3.Model.sanitize`: the wrapper drops the vision tower and projector.
+pub fn sanitize_key(wrapped: bool, key: &str) -> Option<String> {
+    if wrapped && (key.starts_with("vision_tower") || key.starts_with("multi_modal_projector")) {
+        return None;
+    }
+    Some(key.to_string())
+}
+
+/// `x + y`, clipped to the f16 range when activations are f16 (mlx-lm `clip_residual`).
+fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
+    if x.dtype() != Dtype::Float16 {
+        return Ok(x.add(y)?);
+    }
+    let bound = 65504.0f32;
+    let s = x
+        .as_dtype(Dtype::Float32)?
+        .add(y.as_dtype(Dtype::Float32)?)?;
+    Ok(clip(&s, (Array::from_f32(-bound), Array::from_f32(bound)))?.as_dtype(Dtype::Float16)?)
+}
+
+impl Gemma3 {
+    /// Builds the model from sanitized weights (`wrapped`: keys under `language_model.`).
+    pub fn load(
+        cfg: Gemma3Config,
+        quant: &QuantConfig,
+        w: &mut Weights,
+        wrapped: bool,
+    ) -> Result<Gemma3> {
+        let (p, head_key) = key_layout(wrapped);
+        let (d, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let embed_tokens =
+            Embedding::load(w, quant, &format!("{p}embed_tokens"), cfg.vocab_size, d)?;
+        let local = RopeParams {
+            rope_type: "default".into(),
+            theta: cfg.rope_local_base_freq,
+            partial_rotary_factor: 1.0,
+            factor: 1.0,
+        };
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let lp = format!("{p}layers.{i}");
+            let ap = format!("{lp}.self_attn");
+            let layer_type = cfg.layer_type(i);
+            let rope_params = match layer_type {
+                LayerType::Sliding => &local,
+                LayerType::Full => &cfg.rope_global,
+            };
+            let mp = format!("{lp}.mlp");
+            let im = cfg.intermediate_size;
+            layers.push(TransformerBlock {
+                layer_type,
+                self_attn: Attention {
+                    q_proj: Linear::load(w, quant, &format!("{ap}.q_proj"), d, nh * hd)?,
+                    k_proj: Linear::load(w, quant, &format!("{ap}.k_proj"), d, nkv * hd)?,
+                    v_proj: Linear::load(w, quant, &format!("{ap}.v_proj"), d, nkv * hd)?,
+                    o_proj: Linear::load(w, quant, &format!("{ap}.o_proj"), nh * hd, d)?,
+                    q_norm: GemmaRmsNorm::load(w, &format!("{ap}.q_norm"), hd, eps)?,
+                    k_norm: GemmaRmsNorm::load(w, &format!("{ap}.k_norm"), hd, eps)?,
+                    rope: Rope::new(hd, false, rope_params)?,
+                },
+                mlp: Mlp {
+                    gate_proj: Linear::load(w, quant, &format!("{mp}.gate_proj"), d, im)?,
+                    up_proj: Linear::load(w, quant, &format!("{mp}.up_proj"), d, im)?,
+                    down_proj: Linear::load(w, quant, &format!("{mp}.down_proj"), im, d)?,
+                },
+                input_layernorm: GemmaRmsNorm::load(w, &format!("{lp}.input_layernorm"), d, eps)?,
+                post_attention_layernorm: GemmaRmsNorm::load(
+                    w,
+                    &format!("{lp}.post_attention_layernorm"),
+                    d,
+                    eps,
+                )?,
+                pre_feedforward_layernorm: GemmaRmsNorm::load(
+                    w,
+                    &format!("{lp}.pre_feedforward_layernorm"),
+                    d,
+                    eps,
+                )?,
+                post_feedforward_layernorm: GemmaRmsNorm::load(
+                    w,
+                    &format!("{lp}.post_feedforward_layernorm"),
+                    d,
+                    eps,
+                )?,
+            });
+        }
+        let norm = GemmaRmsNorm::load(w, &format!("{p}norm"), d, eps)?;
+        // mlx-lm ties the head to the embedding exactly when the checkpoint has no lm_head.
+        let lm_head = if w.contains(&format!("{head_key}.weight")) {
+            Some(Linear::load(w, quant, head_key, d, cfg.vocab_size)?)
+        } else {
+            None
+        };
+        let dtype = embed_tokens.dtype();
+        let scale = (cfg.query_pre_attn_scalar as f64).powf(-0.5) as f32;
+        Ok(Gemma3 {
+            cfg,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            dtype,
+            scale,
+        })
+    }
+
+    /// The activation dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &Gemma3Config {
+        &self.cfg
+    }
+
+    /// Fresh caches for one sequence: one per layer.
+    pub fn new_cache(&self) -> RowCache {
+        let layers = (0..self.cfg.num_hidden_layers)
+            .map(|i| match self.cfg.layer_type(i) {
+                LayerType::Full => LayerCache::Full(KvCache::default()),
+                LayerType::Sliding => {
+                    LayerCache::Rotating(RotatingKvCache::new(self.cfg.sliding_window))
+                }
+            })
+            .collect();
+        RowCache::new(layers)
+    }
+
+    /// Last-position logits `[B, vocab]` (model dtype) of `tokens` `[B, L]`.
+    pub fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut RowCache],
+        ctx: &ForwardCtx,
+    ) -> Result<Array> {
+        let (b, l) = (tokens.dim(0), tokens.dim(1));
+        let dt = self.dtype;
+        let mut h = self.embed_tokens.forward(tokens)?;
+        // mlx-lm rounds sqrt(hidden) to bf16 before casting to the activation dtype.
+        let s = Array::from_f32((self.cfg.hidden_size as f64).sqrt() as f32)
+            .as_dtype(Dtype::Bfloat16)?;
+        h = h.multiply(s.as_dtype(dt)?)?;
+
+        let pattern = self.cfg.sliding_window_pattern;
+        let window = self.cfg.sliding_window;
+        let mut masks: Vec<[Mask; 2]> = Vec::with_capacity(caches.len());
+        for c in caches.iter() {
+            let global = match c.layer(pattern - 1) {
+                Some(lc) => lc.make_mask(l, window),
+                None if l == 1 => Mask::None,
+                None => Mask::Causal,
+            };
+            let sliding = if pattern > 1 {
+                c.layer(0).ok_or_else(|| cache_err(0))?.make_mask(l, window)
+            } else {
+                Mask::None
+            };
+            masks.push([global, sliding]);
+        }
+
+        for (i, layer) in self.layers.iter().enumerate() {
+            let a = &layer.self_attn;
+            let (nh, nkv, hd) = (
+                self.cfg.num_attention_heads,
+                self.cfg.num_key_value_heads,
+                self.cfg.head_dim,
+            );
+            let x = layer.input_layernorm.forward(&h)?;
+            let q = a
+                .q_proj
+                .forward(&x, ctx)?
+                .reshape(&[b, l, nh, hd])?
+                .transpose_axes(&[0, 2, 1, 3])?;
+            let k = a
+                .k_proj
+                .forward(&x, ctx)?
+                .reshape(&[b, l, nkv, hd])?
+                .transpose_axes(&[0, 2, 1, 3])?;
+            let v = a
+                .v_proj
+                .forward(&x, ctx)?
+                .reshape(&[b, l, nkv, hd])?
+                .transpose_axes(&[0, 2, 1, 3])?;
+            let q = a.q_norm.forward(&q)?;
+            let k = a.k_norm.forward(&k)?;
+            let mut outs = Vec::with_capacity(caches.len());
+            for (r, cache) in caches.iter_mut().enumerate() {
+                let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
+                let offset = lc.offset();
+                let qr = a.rope.forward(&row(&q, r)?, offset)?;
+                let kr = a.rope.forward(&row(&k, r)?, offset)?;
+                let (keys, values) = lc.update_and_fetch(&kr, &row(&v, r)?)?;
+                let mask = &masks[r][if layer.layer_type == LayerType::Full {
+                    0
+                } else {
+                    1
+                }];
+                outs.push(sdpa(&qr, &keys, &values, self.scale, mask)?);
+            }
+            let o = stack_rows(outs)?
+                .transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, l, -1])?;
+            let r = a.o_proj.forward(&o, ctx)?;
+            h = clip_residual(&h, &layer.post_attention_layernorm.forward(&r)?)?;
+            let x = layer.pre_feedforward_layernorm.forward(&h)?;
+            let g = gelu_approx(&layer.mlp.gate_proj.forward(&x, ctx)?)?;
+            let m = layer
+                .mlp
+                .down_proj
+                .forward(&g.multiply(layer.mlp.up_proj.forward(&x, ctx)?)?, ctx)?;
+            h = clip_residual(&h, &layer.post_feedforward_layernorm.forward(&m)?)?;
+        }
+
+        let last = if l > 1 {
+            h.try_index((.., l - 1.., ..))?
+        } else {
+            h
+        };
+        let last = self.norm.forward(&last)?;
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&last, ctx)?,
+            None => self.embed_tokens.as_linear(&last)?,
+        };
+        Ok(logits.reshape(&[b, self.cfg.vocab_size])?)
+    }
+}
+
+fn cache_err(layer: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "row cache has no entry for layer {layer}: was it made by this model?"
+    ))
+}

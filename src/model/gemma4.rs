@@ -1,0 +1,497 @@
+//! The Gemma-4 text model (mlx-lm `gemma4_text.py`): per-layer inputs, KV sharing,
+//! proportional RoPE on full layers, weightless `v_norm`, `layer_scalar`, final softcap.
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::{Array, Dtype};
+
+use super::activation::{gelu_approx, scalar, softcap};
+use super::attention::{row, sdpa, stack_rows};
+use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
+use super::config::{Gemma4Config, LayerType, QuantConfig};
+use super::linear::{Embedding, Linear};
+use super::norm::RmsNorm;
+use super::rope::Rope;
+use super::weights::Weights;
+use super::ForwardCtx;
+use crate::error::{Error, Result};
+
+/// Projections of a layer that computes its own keys and values.
+struct KvProjections {
+    k_proj: Linear,
+    v_proj: Linear,
+    k_norm: RmsNorm,
+    v_norm: RmsNorm,
+}
+
+struct Attention {
+    q_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    /// `None` on KV-shared layers.
+    kv: Option<KvProjections>,
+    rope: Rope,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(w: &mut Weights, q: &QuantConfig, p: &str, dim: i32, hidden: i32) -> Result<Mlp> {
+        Ok(Mlp {
+            gate_proj: Linear::load(w, q, &format!("{p}.gate_proj"), dim, hidden)?,
+            up_proj: Linear::load(w, q, &format!("{p}.up_proj"), dim, hidden)?,
+            down_proj: Linear::load(w, q, &format!("{p}.down_proj"), hidden, dim)?,
+        })
+    }
+
+    fn forward(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
+        let gate = gelu_approx(&self.gate_proj.forward(x, ctx)?)?;
+        let h = gate.multiply(self.up_proj.forward(x, ctx)?)?;
+        self.down_proj.forward(&h, ctx)
+    }
+}
+
+/// The per-layer-input branch of a decoder layer.
+struct PerLayerBranch {
+    per_layer_input_gate: Linear,
+    per_layer_projection: Linear,
+    post_per_layer_input_norm: RmsNorm,
+}
+
+struct DecoderLayer {
+    layer_type: LayerType,
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    pre_feedforward_layernorm: RmsNorm,
+    post_feedforward_layernorm: RmsNorm,
+    per_layer: Option<PerLayerBranch>,
+    layer_scalar: Array,
+    /// The layer whose keys / values (and RoPE offset) this one attends over: itself, or the
+    /// last non-shared layer of the same type.
+    kv_source: usize,
+}
+
+/// The model-level per-layer-input tables.
+struct PerLayerInputs {
+    embed_tokens_per_layer: Embedding,
+    per_layer_model_projection: Linear,
+    per_layer_projection_norm: RmsNorm,
+    dim: i32,
+}
+
+/// A loaded Gemma-4 text model.
+pub struct Gemma4 {
+    cfg: Gemma4Config,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    per_layer_inputs: Option<PerLayerInputs>,
+    lm_head: Option<Linear>,
+    dtype: Dtype,
+}
+
+/// The prefix of model tensors and the output head key, by checkpoint layout.
+pub fn key_layout(wrapped: bool) -> (&'static str, &'static str) {
+    if wrapped {
+        ("language_model.model.", "language_model.lm_head")
+    } else {
+        ("model.", "lm_head")
+    }
+}
+
+/// mlx-lm's `sanitize` (wrapper + text model): returns the key to load, or `None` to ignore
+/// it (vision / audio towers, rotary buffers, clipping ranges, KV-shared layers' k/v).
+pub fn sanitize_key(cfg: &Gemma4Config, wrapped: bool, key: &str) -> Option<String> {
+    let mut k = key.to_string();
+    if wrapped {
+        let starts_with_model = k.starts_with("model.");
+        if starts_with_model {
+            k = k["model.".len()..].to_string();
+        }
+        const TOWERS: [&str; 6] = [
+            "vision_tower",
+            "multi_modal_projector",
+            "audio_tower",
+            "embed_audio",
+            "embed_vision",
+            "vision_embedder",
+        ];
+        if TOWERS.iter().any(|t| k.starts_with(t)) {
+            return None;
+        }
+        if starts_with_model && k.starts_with("language_model") {
+            k = k.replacen("language_model.", "language_model.model.", 1);
+        }
+    }
+    const DROPPED: [&str; 5] = [
+        "self_attn.rotary_emb",
+        "input_max",
+        "input_min",
+        "output_max",
+        "output_min",
+    ];
+    if DROPPED.iter().any(|s| k.contains(s)) {
+        return None;
+    }
+    if [
+        ".self_attn.k_proj",
+        ".self_attn.v_proj",
+        ".self_attn.k_norm",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
+    {
+        let layer = k
+            .split("layers.")
+            .nth(1)
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        if layer.is_some_and(|i| i >= cfg.first_kv_shared_layer()) {
+            return None;
+        }
+    }
+    Some(k)
+}
+
+impl Gemma4 {
+    /// Builds the model from sanitized weights (`wrapped`: keys under `language_model.`).
+    pub fn load(
+        cfg: Gemma4Config,
+        quant: &QuantConfig,
+        w: &mut Weights,
+        wrapped: bool,
+    ) -> Result<Gemma4> {
+        let (p, head_key) = key_layout(wrapped);
+        let d = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
+        let embed_tokens =
+            Embedding::load(w, quant, &format!("{p}embed_tokens"), cfg.vocab_size, d)?;
+        let n = cfg.num_hidden_layers;
+        let first_shared = cfg.first_kv_shared_layer();
+
+        let per_layer_inputs = if cfg.hidden_size_per_layer_input > 0 {
+            let ple = cfg.hidden_size_per_layer_input;
+            Some(PerLayerInputs {
+                embed_tokens_per_layer: Embedding::load(
+                    w,
+                    quant,
+                    &format!("{p}embed_tokens_per_layer"),
+                    cfg.vocab_size_per_layer_input,
+                    n as i32 * ple,
+                )?,
+                per_layer_model_projection: Linear::load(
+                    w,
+                    quant,
+                    &format!("{p}per_layer_model_projection"),
+                    d,
+                    n as i32 * ple,
+                )?,
+                per_layer_projection_norm: RmsNorm::load(
+                    w,
+                    &format!("{p}per_layer_projection_norm"),
+                    ple,
+                    eps,
+                )?,
+                dim: ple,
+            })
+        } else {
+            None
+        };
+
+        let mut layers = Vec::with_capacity(n);
+        for i in 0..n {
+            let lp = format!("{p}layers.{i}");
+            let layer_type = cfg.layer_types[i];
+            let (head_dim, rope_params) = match layer_type {
+                LayerType::Full => (cfg.global_head_dim, &cfg.rope_full),
+                LayerType::Sliding => (cfg.head_dim, &cfg.rope_sliding),
+            };
+            let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+            let ap = format!("{lp}.self_attn");
+            let kv = if i < first_shared {
+                Some(KvProjections {
+                    k_proj: Linear::load(w, quant, &format!("{ap}.k_proj"), d, nkv * head_dim)?,
+                    v_proj: Linear::load(w, quant, &format!("{ap}.v_proj"), d, nkv * head_dim)?,
+                    k_norm: RmsNorm::load(w, &format!("{ap}.k_norm"), head_dim, eps)?,
+                    v_norm: RmsNorm::without_weight(eps),
+                })
+            } else {
+                None
+            };
+            let self_attn = Attention {
+                q_proj: Linear::load(w, quant, &format!("{ap}.q_proj"), d, nh * head_dim)?,
+                o_proj: Linear::load(w, quant, &format!("{ap}.o_proj"), nh * head_dim, d)?,
+                q_norm: RmsNorm::load(w, &format!("{ap}.q_norm"), head_dim, eps)?,
+                kv,
+                rope: Rope::new(head_dim, cfg.rope_traditional, rope_params)?,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim,
+            };
+            let wide = cfg.use_double_wide_mlp && first_shared > 0 && i >= first_shared;
+            let mlp_hidden = cfg.intermediate_size * if wide { 2 } else { 1 };
+            let per_layer = if cfg.hidden_size_per_layer_input > 0 {
+                let ple = cfg.hidden_size_per_layer_input;
+                Some(PerLayerBranch {
+                    per_layer_input_gate: Linear::load(
+                        w,
+                        quant,
+                        &format!("{lp}.per_layer_input_gate"),
+                        d,
+                        ple,
+                    )?,
+                    per_layer_projection: Linear::load(
+                        w,
+                        quant,
+                        &format!("{lp}.per_layer_projection"),
+                        ple,
+                        d,
+                    )?,
+                    post_per_layer_input_norm: RmsNorm::load(
+                        w,
+                        &format!("{lp}.post_per_layer_input_norm"),
+                        d,
+                        eps,
+                    )?,
+                })
+            } else {
+                None
+            };
+            let kv_source = if i < first_shared {
+                i
+            } else {
+                // The last non-shared layer of the same type (validated in config).
+                (0..first_shared)
+                    .rev()
+                    .find(|&j| cfg.layer_types[j] == layer_type)
+                    .unwrap_or(i)
+            };
+            layers.push(DecoderLayer {
+                layer_type,
+                self_attn,
+                mlp: Mlp::load(w, quant, &format!("{lp}.mlp"), d, mlp_hidden)?,
+                input_layernorm: RmsNorm::load(w, &format!("{lp}.input_layernorm"), d, eps)?,
+                post_attention_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{lp}.post_attention_layernorm"),
+                    d,
+                    eps,
+                )?,
+                pre_feedforward_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{lp}.pre_feedforward_layernorm"),
+                    d,
+                    eps,
+                )?,
+                post_feedforward_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{lp}.post_feedforward_layernorm"),
+                    d,
+                    eps,
+                )?,
+                per_layer,
+                layer_scalar: w.take_float(&format!("{lp}.layer_scalar"), &[1])?,
+                kv_source,
+            });
+        }
+        let norm = RmsNorm::load(w, &format!("{p}norm"), d, eps)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(w, quant, head_key, d, cfg.vocab_size)?)
+        };
+        let dtype = embed_tokens.dtype();
+        Ok(Gemma4 {
+            cfg,
+            embed_tokens,
+            layers,
+            norm,
+            per_layer_inputs,
+            lm_head,
+            dtype,
+        })
+    }
+
+    /// The activation dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &Gemma4Config {
+        &self.cfg
+    }
+
+    /// Fresh caches for one sequence: one per non-shared layer.
+    pub fn new_cache(&self) -> RowCache {
+        let layers = self.cfg.layer_types[..self.cfg.first_kv_shared_layer()]
+            .iter()
+            .map(|t| match t {
+                LayerType::Full => LayerCache::Full(KvCache::default()),
+                LayerType::Sliding => {
+                    LayerCache::Rotating(RotatingKvCache::new(self.cfg.sliding_window))
+                }
+            })
+            .collect();
+        RowCache::new(layers)
+    }
+
+    /// Last-position logits `[B, vocab]` (model dtype) of `tokens` `[B, L]`.
+    pub fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut RowCache],
+        ctx: &ForwardCtx,
+    ) -> Result<Array> {
+        let (b, l) = (tokens.dim(0), tokens.dim(1));
+        let dt = self.dtype;
+        let n = self.layers.len() as i32;
+        let mut h = self.embed_tokens.forward(tokens)?;
+        h = h.multiply(scalar((self.cfg.hidden_size as f64).sqrt(), dt)?)?;
+
+        let per_layer_in = match &self.per_layer_inputs {
+            Some(pl) => {
+                let tok = pl
+                    .embed_tokens_per_layer
+                    .forward(tokens)?
+                    .multiply(scalar((pl.dim as f64).sqrt(), dt)?)?
+                    .reshape(&[b, l, n, pl.dim])?;
+                let prj = pl
+                    .per_layer_model_projection
+                    .forward(&h, ctx)?
+                    .multiply(scalar((self.cfg.hidden_size as f64).powf(-0.5), dt)?)?
+                    .reshape(&[b, l, n, pl.dim])?;
+                let prj = pl.per_layer_projection_norm.forward(&prj)?;
+                Some(prj.add(&tok)?.multiply(scalar(2f64.powf(-0.5), dt)?)?)
+            }
+            None => None,
+        };
+
+        // One mask per layer type and row, from the first cache of that type (as mlx-lm).
+        let window = self.cfg.sliding_window;
+        let first_of = |t: LayerType| self.cfg.layer_types.iter().position(|&x| x == t);
+        let mut masks: Vec<[Mask; 2]> = Vec::with_capacity(caches.len());
+        for c in caches.iter() {
+            let mut m = [Mask::None, Mask::None];
+            for (slot, t) in [LayerType::Full, LayerType::Sliding]
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(i) = first_of(t) {
+                    m[slot] = match c.layer(i) {
+                        Some(lc) => lc.make_mask(l, window),
+                        None => return Err(cache_err(i)),
+                    };
+                }
+            }
+            masks.push(m);
+        }
+        let mask_slot = |t: LayerType| match t {
+            LayerType::Full => 0,
+            LayerType::Sliding => 1,
+        };
+
+        // Per layer, per row: the keys / values attention saw and the RoPE offset used.
+        let mut kvs: Vec<Vec<(Array, Array, i32)>> = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let a = &layer.self_attn;
+            let x = layer.input_layernorm.forward(&h)?;
+            let q = a
+                .q_proj
+                .forward(&x, ctx)?
+                .reshape(&[b, l, a.n_heads, a.head_dim])?;
+            let q = a.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
+            let new_kv = match &a.kv {
+                Some(p) => {
+                    let k =
+                        p.k_proj
+                            .forward(&x, ctx)?
+                            .reshape(&[b, l, a.n_kv_heads, a.head_dim])?;
+                    let v =
+                        p.v_proj
+                            .forward(&x, ctx)?
+                            .reshape(&[b, l, a.n_kv_heads, a.head_dim])?;
+                    let k = p.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?;
+                    let v = p.v_norm.forward(&v)?.transpose_axes(&[0, 2, 1, 3])?;
+                    Some((k, v))
+                }
+                None => None,
+            };
+            let mut outs = Vec::with_capacity(caches.len());
+            let mut row_kvs = Vec::with_capacity(caches.len());
+            for (r, cache) in caches.iter_mut().enumerate() {
+                let (keys, values, offset) = match &new_kv {
+                    Some((k, v)) => {
+                        let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
+                        let offset = lc.offset();
+                        let k = a.rope.forward(&row(k, r)?, offset)?;
+                        let (keys, values) = lc.update_and_fetch(&k, &row(v, r)?)?;
+                        (keys, values, offset)
+                    }
+                    None => kvs
+                        .get(layer.kv_source)
+                        .and_then(|rows| rows.get(r))
+                        .cloned()
+                        .ok_or_else(|| cache_err(layer.kv_source))?,
+                };
+                let qr = a.rope.forward(&row(&q, r)?, offset)?;
+                outs.push(sdpa(
+                    &qr,
+                    &keys,
+                    &values,
+                    1.0,
+                    &masks[r][mask_slot(layer.layer_type)],
+                )?);
+                row_kvs.push((keys, values, offset));
+            }
+            kvs.push(row_kvs);
+            let o = stack_rows(outs)?
+                .transpose_axes(&[0, 2, 1, 3])?
+                .reshape(&[b, l, -1])?;
+            let attn = a.o_proj.forward(&o, ctx)?;
+            h = h.add(layer.post_attention_layernorm.forward(&attn)?)?;
+
+            let m = layer
+                .mlp
+                .forward(&layer.pre_feedforward_layernorm.forward(&h)?, ctx)?;
+            h = h.add(layer.post_feedforward_layernorm.forward(&m)?)?;
+
+            if let (Some(br), Some(pin)) = (&layer.per_layer, &per_layer_in) {
+                let g = gelu_approx(&br.per_layer_input_gate.forward(&h, ctx)?)?;
+                let g = g.multiply(pin.try_index((.., .., i as i32, ..))?)?;
+                let g = br.per_layer_projection.forward(&g, ctx)?;
+                h = h.add(br.post_per_layer_input_norm.forward(&g)?)?;
+            }
+            h = h.multiply(&layer.layer_scalar)?;
+        }
+
+        // Only the last position's logits are needed: norm and head are row-wise.
+        let last = if l > 1 {
+            h.try_index((.., l - 1.., ..))?
+        } else {
+            h
+        };
+        let last = self.norm.forward(&last)?;
+        let mut logits = match &self.lm_head {
+            Some(head) => head.forward(&last, ctx)?,
+            None => self.embed_tokens.as_linear(&last)?,
+        };
+        if let Some(cap) = self.cfg.final_logit_softcapping {
+            logits = softcap(&logits, cap)?;
+        }
+        Ok(logits.reshape(&[b, self.cfg.vocab_size])?)
+    }
+}
+
+fn cache_err(layer: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "row cache has no entry for layer {layer}: was it made by this model?"
+    ))
+}

@@ -1,0 +1,273 @@
+//! Linear layers (dense or MLX affine-quantized) and the embedding table, which doubles as the
+//! tied output head (`as_linear`).
+use mlx_rs::ops::{dequantize, matmul, quantized_matmul};
+use mlx_rs::{Array, Dtype};
+
+use super::config::{QuantConfig, QuantParams};
+use super::weights::{check_float, check_shape, Weights};
+use super::ForwardCtx;
+use crate::error::{Error, Result};
+
+/// The stored form of a weight matrix `[out, in]`.
+enum Matrix {
+    Dense {
+        weight: Array,
+    },
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        params: QuantParams,
+    },
+}
+
+/// A bias-free linear layer `y = x W^T`, dense or quantized, that knows its module path.
+pub struct Linear {
+    path: String,
+    in_dim: i32,
+    out_dim: i32,
+    matrix: Matrix,
+}
+
+impl Linear {
+    /// Takes `{path}.weight` (and `.scales` / `.biases` when quantized) out of `w`.
+    ///
+    /// Quantized exactly where the checkpoint has `{path}.scales`; bits and group size come
+    /// from the config (per-module override, else default) or, absent both, from the shapes.
+    pub fn load(
+        w: &mut Weights,
+        quant: &QuantConfig,
+        path: &str,
+        in_dim: i32,
+        out_dim: i32,
+    ) -> Result<Linear> {
+        let scales_key = format!("{path}.scales");
+        let weight_key = format!("{path}.weight");
+        let matrix = if w.contains(&scales_key) {
+            let (weight, file) = w.take_raw(&weight_key)?;
+            let (scales, sfile) = w.take_raw(&scales_key)?;
+            let biases_key = format!("{path}.biases");
+            let (biases, bfile) = w.take_raw(&biases_key)?;
+            let tensor_err =
+                |tensor: &str, file: &std::path::Path, message: String| Error::Tensor {
+                    tensor: tensor.to_string(),
+                    file: file.to_path_buf(),
+                    message,
+                };
+            if weight.dtype() != Dtype::Uint32 || weight.ndim() != 2 {
+                return Err(tensor_err(
+                    &weight_key,
+                    &file,
+                    format!(
+                        "quantized weight must be 2-D uint32, got {:?} {:?}",
+                        weight.dtype(),
+                        weight.shape()
+                    ),
+                ));
+            }
+            let params = match quant.overrides.get(path) {
+                Some(None) => {
+                    return Err(tensor_err(
+                        &scales_key,
+                        &sfile,
+                        "config.json marks this module unquantized (false) but it has scales".into(),
+                    ))
+                }
+                Some(Some(p)) => *p,
+                None => match quant.default {
+                    Some(p) => p,
+                    None => infer_params(&weight, &scales, in_dim).ok_or_else(|| {
+                        tensor_err(
+                            &weight_key,
+                            &file,
+                            format!(
+                                "cannot infer bits / group size from shapes {:?} and {:?} for {in_dim} inputs",
+                                weight.shape(),
+                                scales.shape()
+                            ),
+                        )
+                    })?,
+                },
+            };
+            if in_dim % params.group_size != 0 || (in_dim * params.bits) % 32 != 0 {
+                return Err(tensor_err(
+                    &weight_key,
+                    &file,
+                    format!(
+                        "{in_dim} inputs do not fit {}-bit groups of {}",
+                        params.bits, params.group_size
+                    ),
+                ));
+            }
+            let groups = in_dim / params.group_size;
+            check_shape(
+                &weight_key,
+                &file,
+                &weight,
+                &[out_dim, in_dim * params.bits / 32],
+            )?;
+            check_shape(&scales_key, &sfile, &scales, &[out_dim, groups])?;
+            check_float(&scales_key, &sfile, &scales)?;
+            check_shape(&biases_key, &bfile, &biases, &[out_dim, groups])?;
+            check_float(&biases_key, &bfile, &biases)?;
+            Matrix::Quantized {
+                weight,
+                scales,
+                biases,
+                params,
+            }
+        } else {
+            Matrix::Dense {
+                weight: w.take_float(&weight_key, &[out_dim, in_dim])?,
+            }
+        };
+        Ok(Linear {
+            path: path.to_string(),
+            in_dim,
+            out_dim,
+            matrix,
+        })
+    }
+
+    /// The module path, e.g. `language_model.model.layers.3.self_attn.q_proj` (adapters are
+    /// matched on it).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Input features.
+    pub fn in_dim(&self) -> i32 {
+        self.in_dim
+    }
+
+    /// Output features.
+    pub fn out_dim(&self) -> i32 {
+        self.out_dim
+    }
+
+    /// The dtype of the values this layer produces from a same-dtype input.
+    pub fn dtype(&self) -> Dtype {
+        match &self.matrix {
+            Matrix::Dense { weight } => weight.dtype(),
+            Matrix::Quantized { scales, .. } => scales.dtype(),
+        }
+    }
+
+    /// Bytes held by this layer's tensors.
+    pub fn nbytes(&self) -> usize {
+        match &self.matrix {
+            Matrix::Dense { weight } => weight.nbytes(),
+            Matrix::Quantized {
+                weight,
+                scales,
+                biases,
+                ..
+            } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
+        }
+    }
+
+    /// `x W^T` over the last axis of `x`.
+    pub fn forward(&self, x: &Array, _ctx: &ForwardCtx) -> Result<Array> {
+        Ok(match &self.matrix {
+            Matrix::Dense { weight } => matmul(x, weight.t())?,
+            Matrix::Quantized {
+                weight,
+                scales,
+                biases,
+                params,
+            } => {
+                // transpose = true: mlx-rs defaults to false, unlike Python's nn.QuantizedLinear.
+                quantized_matmul(
+                    x,
+                    weight,
+                    scales,
+                    biases,
+                    true,
+                    params.group_size,
+                    params.bits,
+                )?
+            }
+        })
+    }
+
+    /// Rows `ids` of the (dequantized) matrix: `[..ids.shape, in]`.
+    fn rows(&self, ids: &Array) -> Result<Array> {
+        Ok(match &self.matrix {
+            Matrix::Dense { weight } => weight.take_axis(ids, 0)?,
+            Matrix::Quantized {
+                weight,
+                scales,
+                biases,
+                params,
+            } => dequantize(
+                weight.take_axis(ids, 0)?,
+                scales.take_axis(ids, 0)?,
+                &biases.take_axis(ids, 0)?,
+                params.group_size,
+                params.bits,
+            )?,
+        })
+    }
+
+    fn forward_head(&self, x: &Array) -> Result<Array> {
+        self.forward(x, &ForwardCtx::default())
+    }
+}
+
+/// Bits and group size implied by packed shapes: weight `[out, in*bits/32]`, scales `[out, in/gs]`.
+fn infer_params(weight: &Array, scales: &Array, in_dim: i32) -> Option<QuantParams> {
+    let packed = *weight.shape().get(1)?;
+    let groups = *scales.shape().get(1)?;
+    if in_dim <= 0 || groups <= 0 || (packed * 32) % in_dim != 0 || in_dim % groups != 0 {
+        return None;
+    }
+    Some(QuantParams {
+        bits: packed * 32 / in_dim,
+        group_size: in_dim / groups,
+    })
+}
+
+/// A token embedding table `[vocab, dim]` (dense or quantized).
+pub struct Embedding {
+    table: Linear,
+}
+
+impl Embedding {
+    /// Takes `{path}.weight` (+ `.scales`, `.biases`) out of `w`.
+    pub fn load(
+        w: &mut Weights,
+        quant: &QuantConfig,
+        path: &str,
+        vocab: i32,
+        dim: i32,
+    ) -> Result<Embedding> {
+        Ok(Embedding {
+            table: Linear::load(w, quant, path, dim, vocab)?,
+        })
+    }
+
+    /// The embeddings of `ids` (any shape, int32): `[..ids.shape, dim]`.
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        self.table.rows(ids)
+    }
+
+    /// The table used as an output head (tied embeddings): `x E^T`.
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        self.table.forward_head(x)
+    }
+
+    /// The dtype of the embeddings (the model's activation dtype).
+    pub fn dtype(&self) -> Dtype {
+        self.table.dtype()
+    }
+
+    /// Rows of the table.
+    pub fn vocab_size(&self) -> i32 {
+        self.table.out_dim
+    }
+
+    /// Bytes held by the table.
+    pub fn nbytes(&self) -> usize {
+        self.table.nbytes()
+    }
+}

@@ -1,0 +1,180 @@
+//! The language model: checkpoint loading and the batched, per-row-cached forward pass.
+//!
+//! Load order (one fixed path): config → sanitize keys → build modules, quantized exactly
+//! where the checkpoint has `.scales` → strict accounting (every tensor used or ignored).
+use std::path::Path;
+
+use mlx_rs::{Array, Dtype};
+
+use crate::error::{Error, Result};
+
+pub mod activation;
+pub mod attention;
+pub mod cache;
+pub mod config;
+pub mod gemma3;
+pub mod gemma4;
+pub mod linear;
+pub mod norm;
+pub mod rope;
+pub mod weights;
+
+pub use cache::RowCache;
+pub use config::{ArchConfig, ModelConfig};
+
+/// Options of one forward call. Every linear layer receives it, so per-row adapters (LoRA)
+/// can later be selected here without touching the model code.
+#[derive(Debug, Clone, Default)]
+pub struct ForwardCtx {}
+
+/// Facts about a loaded model that callers need.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// `model_type` of `config.json` (e.g. `gemma4`).
+    pub model_type: String,
+    /// Token ids that end a generation.
+    pub eos_token_ids: Vec<u32>,
+    /// Rows of the output head.
+    pub vocab_size: usize,
+    /// `max_position_embeddings`.
+    pub max_context: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Activation dtype (that of the embeddings).
+    pub dtype: Dtype,
+    /// Bytes of all weights.
+    pub weight_bytes: usize,
+}
+
+enum Arch {
+    Gemma4(Box<gemma4::Gemma4>),
+    Gemma3(Box<gemma3::Gemma3>),
+}
+
+/// A loaded model; immutable after load (all per-sequence state lives in [`RowCache`]s).
+pub struct Model {
+    arch: Arch,
+    info: ModelInfo,
+    /// Per-layer caches in a [`RowCache`] of this model.
+    cache_layers: usize,
+}
+
+impl Model {
+    /// Loads an MLX model directory (`config.json` + `*.safetensors`).
+    pub fn load(dir: &Path) -> Result<Model> {
+        let cfg = ModelConfig::load(dir)?;
+        let mut w = weights::Weights::load(dir)?;
+        let wrapped = matches!(cfg.model_type.as_str(), "gemma4" | "gemma3");
+        match &cfg.arch {
+            ArchConfig::Gemma4(c) => w.sanitize(|k| gemma4::sanitize_key(c, wrapped, k))?,
+            ArchConfig::Gemma3(_) => w.sanitize(|k| gemma3::sanitize_key(wrapped, k))?,
+        }
+        // After sanitize every remaining tensor must be used (checked by `finish`).
+        let weight_bytes = w.nbytes();
+        let arch = match &cfg.arch {
+            ArchConfig::Gemma4(c) => {
+                let m = gemma4::Gemma4::load(c.clone(), &cfg.quant, &mut w, wrapped)?;
+                Arch::Gemma4(Box::new(m))
+            }
+            ArchConfig::Gemma3(c) => {
+                let m = gemma3::Gemma3::load(c.clone(), &cfg.quant, &mut w, wrapped)?;
+                Arch::Gemma3(Box::new(m))
+            }
+        };
+        w.finish()?;
+        let dtype = match &arch {
+            Arch::Gemma4(m) => m.dtype(),
+            Arch::Gemma3(m) => m.dtype(),
+        };
+        let info = ModelInfo {
+            model_type: cfg.model_type.clone(),
+            eos_token_ids: cfg.eos_token_ids.clone(),
+            vocab_size: cfg.arch.vocab_size() as usize,
+            max_context: cfg.arch.max_position_embeddings(),
+            num_layers: cfg.arch.num_layers(),
+            dtype,
+            weight_bytes,
+        };
+        let mut model = Model {
+            arch,
+            info,
+            cache_layers: 0,
+        };
+        model.cache_layers = model.new_cache().len();
+        Ok(model)
+    }
+
+    /// Facts about the model.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// Empty caches for one new sequence.
+    pub fn new_cache(&self) -> RowCache {
+        match &self.arch {
+            Arch::Gemma4(m) => m.new_cache(),
+            Arch::Gemma3(m) => m.new_cache(),
+        }
+    }
+
+    /// Logits of the LAST position of each row, `[B, vocab]`, float32.
+    ///
+    /// `tokens` is `[B, L]` int32 with one cache per row. B = 1: any L (prefill or a serial
+    /// step). B > 1: L must be 1 (a batched decode step); each row attends over its own cache
+    /// at its own offset, so its logits equal the B = 1 ones bit for bit.
+    pub fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut RowCache],
+        ctx: &ForwardCtx,
+    ) -> Result<Array> {
+        self.check_tokens(tokens, caches)?;
+        let logits = match &self.arch {
+            Arch::Gemma4(m) => m.forward(tokens, caches, ctx)?,
+            Arch::Gemma3(m) => m.forward(tokens, caches, ctx)?,
+        };
+        Ok(logits.as_dtype(Dtype::Float32)?)
+    }
+
+    fn check_tokens(&self, tokens: &Array, caches: &[&mut RowCache]) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        let &[b, l] = tokens.shape() else {
+            return bad(format!(
+                "tokens must be [B, L], got shape {:?}",
+                tokens.shape()
+            ));
+        };
+        if tokens.dtype() != Dtype::Int32 {
+            return bad(format!("tokens must be int32, got {:?}", tokens.dtype()));
+        }
+        if b < 1 || l < 1 {
+            return bad(format!("empty token batch {:?}", tokens.shape()));
+        }
+        if b as usize != caches.len() {
+            return bad(format!("{b} rows of tokens but {} caches", caches.len()));
+        }
+        if b > 1 && l != 1 {
+            return bad(format!(
+                "a batch of {b} rows must have one token per row, got {l}"
+            ));
+        }
+        let expected = self.cache_layers;
+        if let Some(c) = caches.iter().find(|c| c.len() != expected) {
+            return bad(format!(
+                "a cache has {} layers, this model needs {expected}",
+                c.len()
+            ));
+        }
+        tokens.eval()?;
+        let vocab = self.info.vocab_size as i64;
+        let ids = tokens
+            .try_as_slice::<i32>()
+            .map_err(|e| Error::InvalidArgument(format!("tokens: {e}")))?;
+        if let Some(t) = ids.iter().find(|&&t| t < 0 || t as i64 >= vocab) {
+            return bad(format!(
+                "token id {t} outside the vocabulary (size {vocab})"
+            ));
+        }
+        Ok(())
+    }
+}

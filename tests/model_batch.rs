@@ -1,0 +1,111 @@
+//! A batched decode step (B rows, one token each, each row with its own cache) computes, for
+//! every row, exactly the logits of the B = 1 step: bit for bit on the f32 fixture.
+mod model_support;
+
+use memexec::generate::{argmax_rows, prefill, PREFILL_STEP};
+use memexec::model::{ForwardCtx, Model, RowCache};
+use mlx_rs::Array;
+use model_support::{model_dir, oracle};
+
+fn step_tokens(ids: &[u32]) -> Array {
+    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+    Array::from_slice(&v, &[v.len() as i32, 1])
+}
+
+fn logits_rows(a: &Array) -> Vec<Vec<f32>> {
+    a.eval().expect("eval");
+    let v = a.dim(1) as usize;
+    a.as_slice::<f32>().chunks(v).map(<[f32]>::to_vec).collect()
+}
+
+#[test]
+fn batched_decode_equals_serial_bit_for_bit() {
+    let fixture = "tiny-gemma4-q4-f32";
+    let model = Model::load(&model_dir(fixture)).expect("load");
+    let oracle = oracle(fixture);
+    let ctx = ForwardCtx::default();
+    // Rows at different offsets: before, at and well past the 32-token window, plus a fresh row.
+    let prompts: Vec<Vec<u32>> = oracle
+        .prompts
+        .iter()
+        .map(|p| p.prompt_ids.clone())
+        .collect();
+    assert!(
+        prompts.iter().any(|p| p.len() > 64),
+        "need a row past the window"
+    );
+
+    let mut serial: Vec<RowCache> = Vec::new();
+    let mut batched: Vec<RowCache> = Vec::new();
+    let mut last: Vec<u32> = Vec::new();
+    for p in &prompts {
+        let mut a = model.new_cache();
+        let mut b = model.new_cache();
+        let ta = prefill(&model, p, &mut a, PREFILL_STEP, &ctx).expect("prefill");
+        let tb = prefill(&model, p, &mut b, PREFILL_STEP, &ctx).expect("prefill");
+        assert_eq!(ta, tb);
+        serial.push(a);
+        batched.push(b);
+        last.push(ta);
+    }
+    serial.push(model.new_cache());
+    batched.push(model.new_cache());
+    last.push(2);
+
+    for step in 0..6 {
+        let mut serial_rows = Vec::new();
+        for (cache, &t) in serial.iter_mut().zip(&last) {
+            let l = model
+                .forward(&step_tokens(&[t]), &mut [cache], &ctx)
+                .expect("serial step");
+            serial_rows.push(logits_rows(&l).remove(0));
+            cache.eval().expect("eval");
+        }
+        let mut refs: Vec<&mut RowCache> = batched.iter_mut().collect();
+        let logits = model
+            .forward(&step_tokens(&last), &mut refs, &ctx)
+            .expect("batched step");
+        let next = argmax_rows(&model, &logits).expect("argmax");
+        let rows = logits_rows(&logits);
+        for (r, (ours, theirs)) in rows.iter().zip(&serial_rows).enumerate() {
+            let same = ours
+                .iter()
+                .zip(theirs)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "step {step}, row {r} (offset {}): batched logits differ from B=1",
+                serial[r].offset()
+            );
+        }
+        for c in &batched {
+            c.eval().expect("eval");
+        }
+        last = next;
+    }
+    let offsets: Vec<usize> = batched.iter().map(RowCache::offset).collect();
+    println!("rows bit-identical over 6 steps at final offsets {offsets:?}");
+    assert!(offsets.iter().any(|&o| o > 64));
+}
+
+#[test]
+fn batch_rejects_multi_token_rows_and_cache_mismatch() {
+    let model = Model::load(&model_dir("tiny-gemma4-q4-f32")).expect("load");
+    let ctx = ForwardCtx::default();
+    let mut a = model.new_cache();
+    let mut b = model.new_cache();
+    let two_by_two = Array::from_slice(&[2i32, 3, 4, 5], &[2, 2]);
+    assert!(model
+        .forward(&two_by_two, &mut [&mut a, &mut b], &ctx)
+        .is_err());
+    let one = Array::from_slice(&[2i32], &[1, 1]);
+    assert!(
+        model.forward(&one, &mut [&mut a, &mut b], &ctx).is_err(),
+        "rows != caches"
+    );
+    let out_of_vocab = Array::from_slice(&[4096i32], &[1, 1]);
+    assert!(model.forward(&out_of_vocab, &mut [&mut a], &ctx).is_err());
+    let negative = Array::from_slice(&[-1i32], &[1, 1]);
+    assert!(model.forward(&negative, &mut [&mut a], &ctx).is_err());
+    assert_eq!(a.offset(), 0, "a rejected call leaves the cache untouched");
+}
