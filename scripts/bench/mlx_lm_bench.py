@@ -23,10 +23,11 @@ Method (the same for every configuration):
 - batch width W: one `batch_generate(prompts, completion_batch_size=W, prefill_batch_size=W)`
   over all the workload's prompts (mlx-lm's continuous batching: at most W rows at a time);
   a width >= the number of prompts is measured once and copied to the larger widths;
-- every configuration runs once untimed first (MLX compiles/JITs kernels per shape), then
+- every configuration runs once untimed first (MLX compiles/JITs kernels per shape; with
+  --warmup-tokens N that run stops after N tokens, which still meets the prefill and batch-width shapes), then
   the timed repetitions are interleaved (rep 1 of every config, rep 2 of every config, ...);
   reported numbers are medians over the repetitions; output ids come from the last rep and
-  `stable` says whether every rep (and the warm-up) produced the same ids;
+  `stable` says whether every rep (and a full warm-up) produced the same ids;
 - peak memory: mx.reset_peak_memory() before a run, mx.get_peak_memory() after (bytes, the
   whole process incl. weights); mx.clear_cache() before every run.
 
@@ -34,7 +35,8 @@ Output (R.json), schema 1:
 {
   "schema": 1, "tool": "mlx_lm_bench",
   "mlx": "0.32.2", "mlx_lm": "0.32.2", "device": "Device(gpu, 0)", "model": DIR,
-  "model_type": str, "eos_ids": [int], "reps": int, "widths": [int], "date": ISO-8601 UTC,
+  "model_type": str, "eos_ids": [int], "reps": int, "warmup_tokens": int | null,
+  "widths": [int], "date": ISO-8601 UTC,
   "host": {"platform": str, "cpus": int},
   "load_s": float,                # model load time
   "workloads": [{
@@ -213,7 +215,7 @@ def summarize(cfg, wl, reps, warm):
         "peak_memory_bytes": max(r["peak"] for r in reps),
         "ids": last["ids"],
         "finish": last["finish"],
-        "stable": all(r["ids"] == last["ids"] for r in reps + [warm]),
+        "stable": all(r["ids"] == last["ids"] for r in reps + ([warm] if warm else [])),
     }
     entry["tok_s"] = entry["generated_tokens"] / (entry["e2e_ms"] / 1e3) if entry["e2e_ms"] > 0 else 0.0
     return entry
@@ -263,7 +265,10 @@ def bench(args):
     warm = {}
     for k, (wi, cfg) in enumerate(plan):
         t = time.perf_counter()
-        warm[k] = runner.run(cfg, wls[wi])
+        wl = wls[wi]
+        if args.warmup_tokens:
+            wl = dict(wl, max_tokens=min(wl["max_tokens"], args.warmup_tokens))
+        warm[k] = runner.run(cfg, wl)
         log(f"[warm-up] {wls[wi]['name']} {cfg['mode']} w={cfg['width']}: {time.perf_counter() - t:.2f} s")
     reps = {k: [] for k in range(len(plan))}
     for rep in range(args.reps):
@@ -275,7 +280,8 @@ def bench(args):
 
     out_wls = []
     for wi, wl in enumerate(wls):
-        runs = [summarize(cfg, wl, reps[k], warm[k]) for k, (wj, cfg) in enumerate(plan) if wj == wi]
+        runs = [summarize(cfg, wl, reps[k], None if args.warmup_tokens else warm[k])
+                for k, (wj, cfg) in enumerate(plan) if wj == wi]
         for wj, w, src in copies:
             if wj == wi:
                 base = next(r for r in runs if r["mode"] == "batch" and r["width"] == src)
@@ -301,6 +307,7 @@ def bench(args):
         "model_type": cfg_json.get("model_type"),
         "eos_ids": eos_ids,
         "reps": args.reps,
+        "warmup_tokens": args.warmup_tokens or None,
         "widths": widths,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": {"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -340,6 +347,8 @@ def main():
     ap.add_argument("--widths", default="1,2,4,8,16")
     ap.add_argument("--modes", default="serial,batch")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup-tokens", type=int, default=0,
+                    help="cap max_tokens of the untimed warm-up runs (0: the full workload)")
     ap.add_argument("--device", choices=["cpu", "gpu"], help="default: MLX's default device")
     ap.add_argument("--eos", type=lambda s: [int(x) for x in s.split(",")], help="override eos ids")
     ap.add_argument("--synthetic", type=Path, help="write BENCH-shaped random-id workloads here and exit")
