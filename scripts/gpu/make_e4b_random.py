@@ -22,7 +22,8 @@ Usage:
     --scale-down   a small model of the same structure (12 layers, hidden 256, vocab kept)
                    for CPU smoke tests of this script
     --check        load OUT with mlx_lm.load afterwards and greedy-decode a few prompts
-                   (prints distinct-token counts: a degenerate model repeats one token)
+                   (prints distinct-token counts: a degenerate model repeats one token;
+                   recorded in OUT/generator.json, not fatal)
 Deterministic for a given seed and device (MLX's counter-based random generator).
 """
 import argparse
@@ -247,8 +248,11 @@ def check(out: Path, n_tokens: int = 32):
              "Summarize in one line: the staging cluster ran out of disk again last night."]
     report = []
     for t in texts:
-        ids = tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                      enable_thinking=False)
+        # render, then encode without specials: the template already wrote <bos> (and
+        # transformers 5 returns a BatchEncoding from apply_chat_template(tokenize=True))
+        text = tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                       enable_thinking=False, tokenize=False)
+        ids = tok.encode(text, add_special_tokens=False)
         out_ids = []
         t0 = time.perf_counter()
         for y, _ in generate_step(mx.array(ids), model, max_tokens=n_tokens,
@@ -283,8 +287,8 @@ def main():
         info["check"] = check(a.out)
         (a.out / "generator.json").write_text(json.dumps(
             {"seed": a.seed, "scale_down": a.scale_down, **info}, indent=2))
-        if info["check"]["degenerate"]:
-            sys.exit(3)
+        # A degenerate model still times correctly; identical-output counts would mean little.
+        # Not fatal: a failed device call costs more than the warning in generator.json.
 
 
 if __name__ == "__main__":
