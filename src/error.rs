@@ -115,6 +115,15 @@ pub enum Error {
     /// `raise_exception` calls).
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// A LoRA adapter cannot be read or mounted on this model (the message names the tensor,
+    /// or the config key, and the expected vs found shape).
+    #[error("adapter {dir}: {message}")]
+    Adapter {
+        /// The adapter directory.
+        dir: PathBuf,
+        /// What is wrong (one line per problem).
+        message: String,
+    },
 }
 
 /// Shorthand for `Result<T, memexec::Error>`.

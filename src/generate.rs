@@ -22,6 +22,8 @@ pub struct GenerateOptions {
     pub prefill_step: usize,
     /// Tokens that end the generation; `None` = the model's eos ids.
     pub stop_ids: Option<Vec<u32>>,
+    /// The LoRA adapters to run with (`None`: the base model).
+    pub adapters: Option<crate::lora::Activation>,
 }
 
 impl Default for GenerateOptions {
@@ -30,6 +32,7 @@ impl Default for GenerateOptions {
             max_tokens: 256,
             prefill_step: PREFILL_STEP,
             stop_ids: None,
+            adapters: None,
         }
     }
 }
@@ -145,7 +148,7 @@ pub fn decode_step(
 
 /// Greedy generation for one prompt (serial, B = 1).
 pub fn greedy(model: &Model, prompt: &[u32], opts: GenerateOptions) -> Result<Generation> {
-    let ctx = ForwardCtx::default();
+    let ctx = ForwardCtx::with_adapters(opts.adapters.clone());
     let stop_ids = opts
         .stop_ids
         .clone()

@@ -11,6 +11,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod lora;
 pub mod model;
 pub mod prompt;
 

@@ -169,6 +169,7 @@ fn tiny_f32_chunked_prefill_matches() {
         max_tokens: 16,
         prefill_step: 20,
         stop_ids: Some(vec![]),
+        ..Default::default()
     };
     let g = greedy(&model, &p.prompt_ids, opts).expect("greedy");
     assert_eq!(

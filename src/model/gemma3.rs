@@ -172,6 +172,23 @@ impl Gemma3 {
         })
     }
 
+    /// Calls `f` on every linear layer (not the tied head), in checkpoint order.
+    pub fn visit_linears(&self, f: &mut dyn FnMut(&Linear)) {
+        for layer in &self.layers {
+            let a = &layer.self_attn;
+            for l in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj] {
+                f(l);
+            }
+            let m = &layer.mlp;
+            for l in [&m.gate_proj, &m.up_proj, &m.down_proj] {
+                f(l);
+            }
+        }
+        if let Some(head) = &self.lm_head {
+            f(head);
+        }
+    }
+
     /// The activation dtype.
     pub fn dtype(&self) -> Dtype {
         self.dtype

@@ -319,6 +319,32 @@ impl Gemma4 {
         })
     }
 
+    /// Calls `f` on every linear layer (not the tied head), in checkpoint order.
+    pub fn visit_linears(&self, f: &mut dyn FnMut(&Linear)) {
+        if let Some(pl) = &self.per_layer_inputs {
+            f(&pl.per_layer_model_projection);
+        }
+        for layer in &self.layers {
+            let a = &layer.self_attn;
+            f(&a.q_proj);
+            if let Some(kv) = &a.kv {
+                f(&kv.k_proj);
+                f(&kv.v_proj);
+            }
+            f(&a.o_proj);
+            f(&layer.mlp.gate_proj);
+            f(&layer.mlp.up_proj);
+            f(&layer.mlp.down_proj);
+            if let Some(br) = &layer.per_layer {
+                f(&br.per_layer_input_gate);
+                f(&br.per_layer_projection);
+            }
+        }
+        if let Some(head) = &self.lm_head {
+            f(head);
+        }
+    }
+
     /// The activation dtype.
     pub fn dtype(&self) -> Dtype {
         self.dtype

@@ -167,7 +167,16 @@ impl Linear {
     }
 
     /// `x W^T` over the last axis of `x`.
-    pub fn forward(&self, x: &Array, _ctx: &ForwardCtx) -> Result<Array> {
+    /// Rows with LoRA adapters on this module get their deltas added (see [`crate::lora`]).
+    pub fn forward(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
+        let y = self.forward_base(x)?;
+        match &ctx.adapters {
+            Some(adapters) => adapters.apply(&self.path, x, y),
+            None => Ok(y),
+        }
+    }
+
+    fn forward_base(&self, x: &Array) -> Result<Array> {
         Ok(match &self.matrix {
             Matrix::Dense { weight } => matmul(x, weight.t())?,
             Matrix::Quantized {
@@ -210,7 +219,7 @@ impl Linear {
     }
 
     fn forward_head(&self, x: &Array) -> Result<Array> {
-        self.forward(x, &ForwardCtx::default())
+        self.forward_base(x)
     }
 }
 

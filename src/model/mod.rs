@@ -22,10 +22,20 @@ pub mod weights;
 pub use cache::RowCache;
 pub use config::{ArchConfig, ModelConfig};
 
-/// Options of one forward call. Every linear layer receives it, so per-row adapters (LoRA)
-/// can later be selected here without touching the model code.
+/// Options of one forward call. Every linear layer receives it.
 #[derive(Debug, Clone, Default)]
-pub struct ForwardCtx {}
+pub struct ForwardCtx {
+    /// The LoRA adapters of each row, or `None` for the base model on every row (then no
+    /// adapter operation runs at all).
+    pub adapters: Option<crate::lora::Activation>,
+}
+
+impl ForwardCtx {
+    /// A call whose rows run with `adapters` (`None`: the base model).
+    pub fn with_adapters(adapters: Option<crate::lora::Activation>) -> ForwardCtx {
+        ForwardCtx { adapters }
+    }
+}
 
 /// Facts about a loaded model that callers need.
 #[derive(Debug, Clone)]
@@ -102,6 +112,24 @@ impl Model {
         };
         model.cache_layers = model.new_cache().len();
         Ok(model)
+    }
+
+    /// Every linear layer (path and shape), for mounting LoRA adapters; the tied output head
+    /// is not among them (it is the embedding table).
+    pub fn linear_modules(&self) -> Vec<crate::lora::ModuleShape> {
+        let mut out = Vec::new();
+        let mut visit = |l: &linear::Linear| {
+            out.push(crate::lora::ModuleShape {
+                path: l.path().to_string(),
+                in_dim: l.in_dim(),
+                out_dim: l.out_dim(),
+            })
+        };
+        match &self.arch {
+            Arch::Gemma4(m) => m.visit_linears(&mut visit),
+            Arch::Gemma3(m) => m.visit_linears(&mut visit),
+        }
+        out
     }
 
     /// Facts about the model.

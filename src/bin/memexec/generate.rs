@@ -1,9 +1,11 @@
 //! `memexec generate`: greedy generation from a model directory, for debugging and for the
 //! parity scripts.
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Instant;
 
 use memexec::generate::{greedy, GenerateOptions, StopReason};
+use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
 use memexec::model::Model;
 use memexec::Error;
 
@@ -31,6 +33,10 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// A LoRA adapter directory (mlx-lm format) to run with; repeat to stack adapters, added
+    /// in the order given.
+    #[arg(long = "adapter", value_name = "DIR")]
+    adapters: Vec<PathBuf>,
 }
 
 pub fn run(args: Args) -> memexec::Result<()> {
@@ -60,8 +66,15 @@ pub fn run(args: Args) -> memexec::Result<()> {
         }
         (None, _) => args.prompt_ids.clone(),
     };
+    let mut registry = AdapterRegistry::new(model.linear_modules());
+    let mut ids = Vec::new();
+    for dir in &args.adapters {
+        ids.push(registry.mount_named(&format!("adapter{}", ids.len()), dir)?);
+    }
+    let adapters = Activation::uniform(Rc::new(registry), AdapterStack::new(ids), 1)?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
+        adapters,
         ..Default::default()
     };
     let g = greedy(&model, &prompt, opts)?;
