@@ -37,6 +37,10 @@ pub struct Args {
     /// in the order given.
     #[arg(long = "adapter", value_name = "DIR")]
     adapters: Vec<PathBuf>,
+    /// Never stop at an end-of-sequence id: generate exactly --max-tokens ids (raw greedy
+    /// tokens, as the oracle records them; also for speed runs on random-weight models).
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 pub fn run(args: Args) -> memexec::Result<()> {
@@ -75,6 +79,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         adapters,
+        stop_ids: args.ignore_eos.then(Vec::new),
         ..Default::default()
     };
     let g = greedy(&model, &prompt, opts)?;
