@@ -10,14 +10,417 @@
 // The ABI version of this header and library: bumped on every incompatible change.
 #define MEMEXEC_ABI_VERSION 1
 
+// The result of every `memexec_*` function (except `memexec_abi_version`,
+// `memexec_string_free` and `memexec_status_name`). Values are stable across versions.
+enum memexec_status {
+  // Success; out-parameters were written.
+  MEMEXEC_STATUS_OK = 0,
+  // `memexec_poll` only: the request is still running; nothing was written.
+  MEMEXEC_STATUS_PENDING = 1,
+  // A required pointer argument was NULL.
+  MEMEXEC_STATUS_NULL_ARGUMENT = 2,
+  // A string argument is not valid UTF-8.
+  MEMEXEC_STATUS_INVALID_UTF8 = 3,
+  // A JSON argument is malformed, has an unknown key or a value of the wrong type.
+  MEMEXEC_STATUS_INVALID_JSON = 4,
+  // An argument is out of range: `max_tokens` 0 or above the cap, a batch above
+  // `limits.max_batch`.
+  MEMEXEC_STATUS_INVALID_ARGUMENT = 5,
+  // The configuration is well-formed JSON but inconsistent (e.g. an undeclared adapter).
+  MEMEXEC_STATUS_INVALID_CONFIG = 6,
+  // `memexec_new` could not load the model directory, tokenizer, template or an adapter.
+  MEMEXEC_STATUS_LOAD_FAILED = 7,
+  // A prompt does not fit the model's context (or `limits.max_prompt_tokens`).
+  MEMEXEC_STATUS_PROMPT_TOO_LONG = 8,
+  // The request was cancelled with `memexec_cancel`.
+  MEMEXEC_STATUS_CANCELLED = 9,
+  // The handle was freed while the request was queued or running.
+  MEMEXEC_STATUS_CLOSED = 10,
+  // The handle is NULL, already freed, or not from `memexec_new`.
+  MEMEXEC_STATUS_INVALID_HANDLE = 11,
+  // `memexec_poll` / `memexec_cancel`: no request with that id (never submitted, or its
+  // result was already collected).
+  MEMEXEC_STATUS_UNKNOWN_REQUEST = 12,
+  // The model, tokenizer or chat template failed on this request (an MLX error, a template
+  // `raise_exception`).
+  MEMEXEC_STATUS_GENERATION_FAILED = 13,
+  // A bug inside memexec (a caught panic); the handle stays usable.
+  MEMEXEC_STATUS_INTERNAL = 14,
+};
+
+// An engine: one loaded model serving calls. Opaque; create with `memexec_new`, release with
+// `memexec_free`.
+struct memexec;
+
+// Every status, in code order.
+#define memexec_status_ALL { memexec_status_Ok, memexec_status_Pending, memexec_status_NullArgument, memexec_status_InvalidUtf8, memexec_status_InvalidJson, memexec_status_InvalidArgument, memexec_status_InvalidConfig, memexec_status_LoadFailed, memexec_status_PromptTooLong, memexec_status_Cancelled, memexec_status_Closed, memexec_status_InvalidHandle, memexec_status_UnknownRequest, memexec_status_GenerationFailed, memexec_status_Internal, }
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// Queues one input and returns at once with a request id for `memexec_poll`.
+//
+// Arguments as for `memexec_call`; on success `*out_id` (required) receives the id (ids are
+// unique per handle and never 0). Validation errors (bad JSON, `max_tokens`) are reported here;
+// generation errors are reported by `memexec_poll`. Every submitted id must eventually be polled
+// to a non-`PENDING` status (or the handle freed), or its result is held in memory.
+//
+// Thread-safe; never blocks on generation.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INVALID_ARGUMENT`; `CLOSED`;
+// `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_submit(struct memexec *handle,
+                                   const char *stage,
+                                   const char *input_json,
+                                   const char *opts_json,
+                                   uint64_t *out_id,
+                                   char **out_error);
+
+// Queues a batch (arguments as for `memexec_batch`) and returns at once with a request id;
+// `memexec_poll` then yields the JSON array of outputs. An empty batch completes at once.
+//
+// Thread-safe; never blocks on generation. Returns the statuses of `memexec_submit`.
+enum memexec_status memexec_submit_batch(struct memexec *handle,
+                                         const char *stage,
+                                         const char *inputs_json,
+                                         const char *opts_json,
+                                         uint64_t *out_id,
+                                         char **out_error);
+
+// Checks a submitted request without blocking.
+//
+// - `PENDING`: still running; nothing written; poll again later.
+// - `OK`: `*out_result` (required) receives the output text (`memexec_submit`) or the JSON
+//   array of outputs (`memexec_submit_batch`); free it with `memexec_string_free`.
+// - Any other status: the request failed (`*out_error`, nullable, receives the message), e.g.
+//   `CANCELLED`, `CLOSED`, `PROMPT_TOO_LONG`, `GENERATION_FAILED`.
+//
+// After any status but `PENDING` the id is forgotten (polling it again gives
+// `UNKNOWN_REQUEST`). Thread-safe.
+enum memexec_status memexec_poll(struct memexec *handle,
+                                 uint64_t request_id,
+                                 char **out_result,
+                                 char **out_error);
+
+// Asks a submitted request to stop. Its next `memexec_poll` returns `CANCELLED` (or `OK`, if
+// it had already finished). Returns at once.
+//
+// Thread-safe. Returns: `OK`; `UNKNOWN_REQUEST`; `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_cancel(struct memexec *handle, uint64_t request_id, char **out_error);
+
+// Generates a greedy completion for one input, blocking the calling thread until it is done.
+//
+// - `stage` (required, UTF-8): selects the default system prompt and adapter; an unknown stage
+//   is accepted and runs with neither.
+// - `input_json` (required): `{"system"?: string, "user": string}`; `system` overrides the
+//   stage's default (`""` = no system message).
+// - `opts_json` (NULL = defaults): `{"max_tokens"?: 1..limits.max_tokens_cap}` (default
+//   `limits.default_max_tokens`, 256).
+// - On success `*out_text` (required) receives the output text, special tokens skipped; free
+//   it with `memexec_string_free`. On failure `*out_error` (nullable) receives a message to free
+//   the same way. Each out-parameter is written only in its case.
+//
+// Thread-safe: any number of threads may call at once; concurrent calls may share decode steps.
+// Arguments are borrowed for the duration of the call only.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INVALID_ARGUMENT`
+// (`max_tokens` 0 or above the cap); `PROMPT_TOO_LONG`; `GENERATION_FAILED`; `CLOSED` (the
+// handle was freed meanwhile); `INVALID_HANDLE`; `INTERNAL`. The handle stays usable after any
+// error.
+enum memexec_status memexec_call(struct memexec *handle,
+                                 const char *stage,
+                                 const char *input_json,
+                                 const char *opts_json,
+                                 char **out_text,
+                                 char **out_error);
+
+// Generates a greedy completion for each input of a batch, blocking until all are done.
+//
+// - `inputs_json` (required): a JSON array of `{"system"?, "user"}`; at most
+//   `limits.max_batch` entries. An empty array returns `[]` at once.
+// - `stage`, `opts_json`: as for `memexec_call`, applied to every input.
+// - On success `*out_json` (required) receives a JSON array of output strings, `out[i]`
+//   answering `inputs[i]`; free it with `memexec_string_free`. If any input fails, the batch
+//   fails with that input's status, the message starts with `input <i>:`, and the other inputs
+//   are cancelled.
+//
+// Thread-safe, as `memexec_call`. Returns the statuses of `memexec_call`.
+enum memexec_status memexec_batch(struct memexec *handle,
+                                  const char *stage,
+                                  const char *inputs_json,
+                                  const char *opts_json,
+                                  char **out_json,
+                                  char **out_error);
+
+// Loads a model and starts its engine from a JSON configuration document.
+//
+// `config_json` (required, UTF-8): `{"model_dir": "...", "adapters": {"name": "dir"},
+// "stages": {"stage": {"adapter": "name", "system": "default system prompt"}},
+// "batch_width": 1, "device": "default"|"cpu"|"gpu", "limits": {"max_batch": 4096,
+// "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null}}`.
+// Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
+// `$MLX_BUN_MEMORY_BATCH`, else 1.
+//
+// On success writes a new handle to `*out_handle` (required). On failure writes a message to
+// `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves
+// `*out_handle` untouched. Nothing of a failed start is kept: calling again retries.
+//
+// Blocks while the model loads. Thread-safe: any number of handles may exist.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON` (malformed, unknown key, wrong
+// type); `INVALID_CONFIG` (inconsistent values); `LOAD_FAILED` (missing or corrupt model
+// directory, tokenizer, template, or a bad adapter; the message names the file); `INTERNAL`.
+enum memexec_status memexec_new(const char *config_json,
+                                struct memexec **out_handle,
+                                char **out_error);
+
+// Stops the engine and releases the model.
+//
+// Requests queued or running on this handle (in other threads, or submitted and not yet
+// polled) end with `CLOSED`; this returns once the engine thread has ended. Afterwards the
+// handle is invalid: any call with it returns `INVALID_HANDLE` (it is never reused).
+//
+// Thread-safe, including while other threads are inside calls on the same handle.
+//
+// Returns: `OK`; `INVALID_HANDLE` (NULL, already freed, or unknown); `INTERNAL`.
+enum memexec_status memexec_free(struct memexec *handle);
 
 // Returns the ABI version the library was built with (`MEMEXEC_ABI_VERSION`).
 //
 // Thread-safe; never fails.
 uint32_t memexec_abi_version(void);
+
+// Queues one input and returns at once with a request id for `memexec_poll`.
+//
+// Arguments as for `memexec_call`; on success `*out_id` (required) receives the id (ids are
+// unique per handle and never 0). Validation errors (bad JSON, `max_tokens`) are reported here;
+// generation errors are reported by `memexec_poll`. Every submitted id must eventually be polled
+// to a non-`PENDING` status (or the handle freed), or its result is held in memory.
+//
+// Thread-safe; never blocks on generation.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INVALID_ARGUMENT`; `CLOSED`;
+// `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_submit(struct memexec *handle,
+                                   const char *stage,
+                                   const char *input_json,
+                                   const char *opts_json,
+                                   uint64_t *out_id,
+                                   char **out_error);
+
+// Queues a batch (arguments as for `memexec_batch`) and returns at once with a request id;
+// `memexec_poll` then yields the JSON array of outputs. An empty batch completes at once.
+//
+// Thread-safe; never blocks on generation. Returns the statuses of `memexec_submit`.
+enum memexec_status memexec_submit_batch(struct memexec *handle,
+                                         const char *stage,
+                                         const char *inputs_json,
+                                         const char *opts_json,
+                                         uint64_t *out_id,
+                                         char **out_error);
+
+// Checks a submitted request without blocking.
+//
+// - `PENDING`: still running; nothing written; poll again later.
+// - `OK`: `*out_result` (required) receives the output text (`memexec_submit`) or the JSON
+//   array of outputs (`memexec_submit_batch`); free it with `memexec_string_free`.
+// - Any other status: the request failed (`*out_error`, nullable, receives the message), e.g.
+//   `CANCELLED`, `CLOSED`, `PROMPT_TOO_LONG`, `GENERATION_FAILED`.
+//
+// After any status but `PENDING` the id is forgotten (polling it again gives
+// `UNKNOWN_REQUEST`). Thread-safe.
+enum memexec_status memexec_poll(struct memexec *handle,
+                                 uint64_t request_id,
+                                 char **out_result,
+                                 char **out_error);
+
+// Asks a submitted request to stop. Its next `memexec_poll` returns `CANCELLED` (or `OK`, if
+// it had already finished). Returns at once.
+//
+// Thread-safe. Returns: `OK`; `UNKNOWN_REQUEST`; `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_cancel(struct memexec *handle, uint64_t request_id, char **out_error);
+
+// Generates a greedy completion for one input, blocking the calling thread until it is done.
+//
+// - `stage` (required, UTF-8): selects the default system prompt and adapter; an unknown stage
+//   is accepted and runs with neither.
+// - `input_json` (required): `{"system"?: string, "user": string}`; `system` overrides the
+//   stage's default (`""` = no system message).
+// - `opts_json` (NULL = defaults): `{"max_tokens"?: 1..limits.max_tokens_cap}` (default
+//   `limits.default_max_tokens`, 256).
+// - On success `*out_text` (required) receives the output text, special tokens skipped; free
+//   it with `memexec_string_free`. On failure `*out_error` (nullable) receives a message to free
+//   the same way. Each out-parameter is written only in its case.
+//
+// Thread-safe: any number of threads may call at once; concurrent calls may share decode steps.
+// Arguments are borrowed for the duration of the call only.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INVALID_ARGUMENT`
+// (`max_tokens` 0 or above the cap); `PROMPT_TOO_LONG`; `GENERATION_FAILED`; `CLOSED` (the
+// handle was freed meanwhile); `INVALID_HANDLE`; `INTERNAL`. The handle stays usable after any
+// error.
+enum memexec_status memexec_call(struct memexec *handle,
+                                 const char *stage,
+                                 const char *input_json,
+                                 const char *opts_json,
+                                 char **out_text,
+                                 char **out_error);
+
+// Generates a greedy completion for each input of a batch, blocking until all are done.
+//
+// - `inputs_json` (required): a JSON array of `{"system"?, "user"}`; at most
+//   `limits.max_batch` entries. An empty array returns `[]` at once.
+// - `stage`, `opts_json`: as for `memexec_call`, applied to every input.
+// - On success `*out_json` (required) receives a JSON array of output strings, `out[i]`
+//   answering `inputs[i]`; free it with `memexec_string_free`. If any input fails, the batch
+//   fails with that input's status, the message starts with `input <i>:`, and the other inputs
+//   are cancelled.
+//
+// Thread-safe, as `memexec_call`. Returns the statuses of `memexec_call`.
+enum memexec_status memexec_batch(struct memexec *handle,
+                                  const char *stage,
+                                  const char *inputs_json,
+                                  const char *opts_json,
+                                  char **out_json,
+                                  char **out_error);
+
+// Loads a model and starts its engine from a JSON configuration document.
+//
+// `config_json` (required, UTF-8): `{"model_dir": "...", "adapters": {"name": "dir"},
+// "stages": {"stage": {"adapter": "name", "system": "default system prompt"}},
+// "batch_width": 1, "device": "default"|"cpu"|"gpu", "limits": {"max_batch": 4096,
+// "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null}}`.
+// Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
+// `$MLX_BUN_MEMORY_BATCH`, else 1.
+//
+// On success writes a new handle to `*out_handle` (required). On failure writes a message to
+// `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves
+// `*out_handle` untouched. Nothing of a failed start is kept: calling again retries.
+//
+// Blocks while the model loads. Thread-safe: any number of handles may exist.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON` (malformed, unknown key, wrong
+// type); `INVALID_CONFIG` (inconsistent values); `LOAD_FAILED` (missing or corrupt model
+// directory, tokenizer, template, or a bad adapter; the message names the file); `INTERNAL`.
+enum memexec_status memexec_new(const char *config_json,
+                                struct memexec **out_handle,
+                                char **out_error);
+
+// Stops the engine and releases the model.
+//
+// Requests queued or running on this handle (in other threads, or submitted and not yet
+// polled) end with `CLOSED`; this returns once the engine thread has ended. Afterwards the
+// handle is invalid: any call with it returns `INVALID_HANDLE` (it is never reused).
+//
+// Thread-safe, including while other threads are inside calls on the same handle.
+//
+// Returns: `OK`; `INVALID_HANDLE` (NULL, already freed, or unknown); `INTERNAL`.
+enum memexec_status memexec_free(struct memexec *handle);
+
+// Writes the prompt of a stage call as JSON to `*out_json` (required; free with
+// `memexec_string_free`): `{"messages": [{"role", "content"}], "text": "<rendered template>",
+// "ids": [<prompt token ids>]}` — exactly what `memexec_call` would feed the model.
+//
+// `stage` and `input_json` as for `memexec_call`. Runs on the calling thread (no MLX work, no
+// queueing). Thread-safe.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `GENERATION_FAILED` (the
+// template or tokenizer failed on this input); `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_prompt(struct memexec *handle,
+                                   const char *stage,
+                                   const char *input_json,
+                                   char **out_json,
+                                   char **out_error);
+
+// Writes the messages of a stage call as a JSON array of `{"role", "content"}` to
+// `*out_json` (required; free with `memexec_string_free`), without a model: `system =
+// input.system ?? the stage's default`, included only when non-empty.
+//
+// `stages_json` (NULL = the built-in defaults only) is the `stages` object of a configuration
+// document (`{"stage": {"adapter"?, "system"?}}`), laid over the built-in defaults.
+// Thread-safe; needs no handle.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INTERNAL`.
+enum memexec_status memexec_messages(const char *stages_json,
+                                     const char *stage,
+                                     const char *input_json,
+                                     char **out_json,
+                                     char **out_error);
+
+// Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
+// free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
+// `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
+// `peak_memory_bytes`.
+//
+// Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
+// `INTERNAL`.
+enum memexec_status memexec_stats(struct memexec *handle, char **out_json, char **out_error);
+
+// The name of a status as a static NUL-terminated string (e.g. `"MEMEXEC_STATUS_OK"`), or
+// `"MEMEXEC_STATUS_UNKNOWN"` for a value this library does not define.
+//
+// Ownership: the string is static; do not free it. Thread-safe; never fails.
+const char *memexec_status_name(int32_t status);
+
+// Frees a string returned by any `memexec_*` function (a result or an error message).
+//
+// Ownership: takes back a string the library gave you; passing NULL does nothing. Passing
+// anything else (a string not from memexec, or one already freed) is undefined behaviour.
+// Thread-safe: a string may be freed on any thread.
+void memexec_string_free(char *s);
+
+// Writes the prompt of a stage call as JSON to `*out_json` (required; free with
+// `memexec_string_free`): `{"messages": [{"role", "content"}], "text": "<rendered template>",
+// "ids": [<prompt token ids>]}` — exactly what `memexec_call` would feed the model.
+//
+// `stage` and `input_json` as for `memexec_call`. Runs on the calling thread (no MLX work, no
+// queueing). Thread-safe.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `GENERATION_FAILED` (the
+// template or tokenizer failed on this input); `INVALID_HANDLE`; `INTERNAL`.
+enum memexec_status memexec_prompt(struct memexec *handle,
+                                   const char *stage,
+                                   const char *input_json,
+                                   char **out_json,
+                                   char **out_error);
+
+// Writes the messages of a stage call as a JSON array of `{"role", "content"}` to
+// `*out_json` (required; free with `memexec_string_free`), without a model: `system =
+// input.system ?? the stage's default`, included only when non-empty.
+//
+// `stages_json` (NULL = the built-in defaults only) is the `stages` object of a configuration
+// document (`{"stage": {"adapter"?, "system"?}}`), laid over the built-in defaults.
+// Thread-safe; needs no handle.
+//
+// Returns: `OK`; `NULL_ARGUMENT`; `INVALID_UTF8`; `INVALID_JSON`; `INTERNAL`.
+enum memexec_status memexec_messages(const char *stages_json,
+                                     const char *stage,
+                                     const char *input_json,
+                                     char **out_json,
+                                     char **out_error);
+
+// Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
+// free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
+// `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
+// `peak_memory_bytes`.
+//
+// Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
+// `INTERNAL`.
+enum memexec_status memexec_stats(struct memexec *handle, char **out_json, char **out_error);
+
+// The name of a status as a static NUL-terminated string (e.g. `"MEMEXEC_STATUS_OK"`), or
+// `"MEMEXEC_STATUS_UNKNOWN"` for a value this library does not define.
+//
+// Ownership: the string is static; do not free it. Thread-safe; never fails.
+const char *memexec_status_name(int32_t status);
+
+// Frees a string returned by any `memexec_*` function (a result or an error message).
+//
+// Ownership: takes back a string the library gave you; passing NULL does nothing. Passing
+// anything else (a string not from memexec, or one already freed) is undefined behaviour.
+// Thread-safe: a string may be freed on any thread.
+void memexec_string_free(char *s);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -7,6 +7,8 @@
 
 pub mod bench;
 pub mod capi;
+pub mod config;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod lora;

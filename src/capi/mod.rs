@@ -1,6 +1,20 @@
-//! The C ABI. Every `extern "C"` function lives under this module; it is the only
-//! part of the crate allowed to use `unsafe`.
+//! The C ABI. Every `extern "C"` function lives under this module, one file per concern; it is
+//! the only part of the crate allowed to use `unsafe`. Every body runs in [`guard::guard`].
 #![allow(unsafe_code)]
+// C names for C types: the header is what C and Swift hosts read.
+#![allow(non_camel_case_types)]
+
+mod r#async;
+mod call;
+mod guard;
+mod handle;
+mod prompt;
+mod stats;
+mod status;
+mod strings;
+
+pub use handle::memexec;
+pub use status::memexec_status;
 
 /// The ABI version of this header and library: bumped on every incompatible change.
 pub const MEMEXEC_ABI_VERSION: u32 = 1;

@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 mod generate;
 mod prompt;
+mod run;
 mod smoke;
 
 /// memexec: one local language model serving a memory pipeline.
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Load MLX, run a few operations and print what they computed.
     Smoke(smoke::Args),
+    /// Answer a JSONL of {stage, system?, user, max_tokens?} with a JSONL of outputs, in order.
+    Run(run::Args),
     /// Greedy generation from a model directory.
     Generate(generate::Args),
     /// Show the prompt text and ids a stage call gives the model.
@@ -31,6 +34,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Smoke(args) => smoke::run(args),
+        Command::Run(args) => run::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Prompt(args) => prompt::run(args),
     };

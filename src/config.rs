@@ -1,0 +1,262 @@
+//! The one JSON configuration document of an engine: which model, which adapters, what each
+//! stage runs with, how wide a batch may be, which device, and the limits that protect the host.
+//!
+//! Unknown keys anywhere are an error (a typo must not silently fall back to a default).
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::{Error, Result};
+
+/// The environment variable the TypeScript pipeline already uses for the batch width.
+pub const BATCH_ENV: &str = "MLX_BUN_MEMORY_BATCH";
+
+/// `maxTokens` callers may pass as a "never truncate" backstop (SPEC §1).
+pub const MAX_TOKENS_CAP: usize = 64_000;
+
+/// `maxTokens` when a call does not pass one (SPEC §1).
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// The configuration document given to `memexec_new` / [`crate::engine::Engine::new`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The model directory (MLX checkpoint: config.json, safetensors, tokenizer, template).
+    pub model_dir: PathBuf,
+    /// Adapter directories by name, mounted once at start-up.
+    #[serde(default)]
+    pub adapters: BTreeMap<String, PathBuf>,
+    /// Per-stage settings; they override the built-in stage defaults.
+    #[serde(default)]
+    pub stages: BTreeMap<String, StageSpec>,
+    /// How many requests may share decode steps; default `$MLX_BUN_MEMORY_BATCH`, else 1.
+    #[serde(default = "default_batch_width")]
+    pub batch_width: usize,
+    /// Where MLX runs.
+    #[serde(default)]
+    pub device: DeviceChoice,
+    /// Limits on what a caller may ask for.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// What one stage runs with.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    /// The name of an entry of [`Config::adapters`]; absent = the base model.
+    #[serde(default)]
+    pub adapter: Option<String>,
+    /// The default system prompt; an empty string means "no system message".
+    #[serde(default)]
+    pub system: Option<String>,
+}
+
+/// The device MLX should run on.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    /// MLX's default (the GPU where the build has one).
+    #[default]
+    Default,
+    /// MLX's CPU backend.
+    Cpu,
+    /// The GPU (Metal on macOS); an error where the build has none.
+    Gpu,
+}
+
+/// Limits on requests, checked before anything is queued.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// The most inputs one batch call may carry.
+    pub max_batch: usize,
+    /// The largest `max_tokens` a call may pass.
+    pub max_tokens_cap: usize,
+    /// `max_tokens` when a call passes none.
+    pub default_max_tokens: usize,
+    /// An extra cap on prompt length in tokens (the model's context always applies).
+    pub max_prompt_tokens: Option<usize>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_batch: 4096,
+            max_tokens_cap: MAX_TOKENS_CAP,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            max_prompt_tokens: None,
+        }
+    }
+}
+
+fn default_batch_width() -> usize {
+    batch_width_from_env(std::env::var(BATCH_ENV).ok().as_deref())
+}
+
+/// Parses `$MLX_BUN_MEMORY_BATCH` the way the TypeScript pipeline did: a positive integer, else 1.
+pub fn batch_width_from_env(value: Option<&str>) -> usize {
+    value
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
+}
+
+impl Config {
+    /// Parses and validates a configuration document.
+    pub fn from_json(text: &str) -> Result<Config> {
+        let config: Config = serde_json::from_str(text).map_err(|e| Error::InvalidJson {
+            what: "config",
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// A configuration with every default, for `model_dir`.
+    pub fn for_model(model_dir: impl Into<PathBuf>) -> Config {
+        Config {
+            model_dir: model_dir.into(),
+            adapters: BTreeMap::new(),
+            stages: BTreeMap::new(),
+            batch_width: default_batch_width(),
+            device: DeviceChoice::Default,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Checks what serde cannot: cross references and ranges.
+    pub fn validate(&self) -> Result<()> {
+        if self.model_dir.as_os_str().is_empty() {
+            return Err(Error::InvalidConfig("`model_dir` is empty".into()));
+        }
+        if self.batch_width == 0 {
+            return Err(Error::InvalidConfig(
+                "`batch_width` must be at least 1".into(),
+            ));
+        }
+        let l = &self.limits;
+        if l.max_batch == 0 || l.max_tokens_cap == 0 || l.default_max_tokens == 0 {
+            return Err(Error::InvalidConfig(
+                "`limits.max_batch`, `limits.max_tokens_cap` and `limits.default_max_tokens` must be at least 1".into(),
+            ));
+        }
+        if l.default_max_tokens > l.max_tokens_cap {
+            return Err(Error::InvalidConfig(format!(
+                "`limits.default_max_tokens` ({}) exceeds `limits.max_tokens_cap` ({})",
+                l.default_max_tokens, l.max_tokens_cap
+            )));
+        }
+        if l.max_prompt_tokens == Some(0) {
+            return Err(Error::InvalidConfig(
+                "`limits.max_prompt_tokens` must be at least 1".into(),
+            ));
+        }
+        for (stage, spec) in &self.stages {
+            if let Some(adapter) = &spec.adapter {
+                if !self.adapters.contains_key(adapter) {
+                    return Err(Error::InvalidConfig(format!(
+                        "stage `{stage}` uses adapter `{adapter}`, which is not declared in `adapters`"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The adapter name a stage runs with, if any; unknown stages run on the base model.
+    pub fn adapter_for(&self, stage: &str) -> Option<&str> {
+        self.stages.get(stage).and_then(|s| s.adapter.as_deref())
+    }
+}
+
+/// The stage registry a configuration gives: the built-in defaults, with each configured
+/// `system` laid on top (a stage configured only with an adapter keeps its default system).
+pub fn stage_registry(stages: &BTreeMap<String, StageSpec>) -> Result<crate::prompt::StageConfig> {
+    let overrides: BTreeMap<&str, serde_json::Value> = stages
+        .iter()
+        .filter_map(|(name, spec)| {
+            spec.system
+                .as_ref()
+                .map(|s| (name.as_str(), serde_json::json!({ "system": s })))
+        })
+        .collect();
+    let json = serde_json::to_string(&overrides).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(crate::prompt::StageConfig::builtin().merged(crate::prompt::StageConfig::from_json(&json)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_document_gets_defaults() {
+        let c = Config::from_json(r#"{"model_dir": "/m"}"#).unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.device, DeviceChoice::Default);
+        assert!(c.adapters.is_empty());
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_at_every_level() {
+        for doc in [
+            r#"{"model_dir": "/m", "modeldir": 1}"#,
+            r#"{"model_dir": "/m", "limits": {"max_batchh": 1}}"#,
+            r#"{"model_dir": "/m", "stages": {"chunk": {"sytem": "x"}}}"#,
+        ] {
+            let e = Config::from_json(doc).unwrap_err();
+            assert!(matches!(e, Error::InvalidJson { .. }), "{doc}: {e}");
+            assert!(e.to_string().contains("unknown field"), "{e}");
+        }
+    }
+
+    #[test]
+    fn undeclared_adapter_is_named() {
+        let e = Config::from_json(
+            r#"{"model_dir": "/m", "stages": {"chunk": {"adapter": "memory-chunk"}}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("memory-chunk"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for doc in [
+            r#"{"model_dir": ""}"#,
+            r#"{"model_dir": "/m", "batch_width": 0}"#,
+            r#"{"model_dir": "/m", "device": "tpu"}"#,
+            r#"{"model_dir": "/m", "limits": {"default_max_tokens": 10, "max_tokens_cap": 5}}"#,
+            r#"{}"#,
+            r#"[1]"#,
+        ] {
+            assert!(Config::from_json(doc).is_err(), "{doc}");
+        }
+    }
+
+    #[test]
+    fn stage_registry_keeps_defaults_unless_a_system_is_given() {
+        let c = Config::from_json(
+            r#"{"model_dir": "/m", "adapters": {"a": "/a"},
+                "stages": {"route": {"adapter": "a"}, "entity": {"system": ""}, "chunk": {"system": "S"}}}"#,
+        )
+        .unwrap();
+        let reg = stage_registry(&c.stages).unwrap();
+        assert_eq!(
+            reg.default_system("route"),
+            Some("You answer only 'yes' or 'no'.")
+        );
+        assert_eq!(reg.default_system("entity"), Some(""));
+        assert_eq!(reg.default_system("chunk"), Some("S"));
+        assert_eq!(reg.default_system("nope"), None);
+    }
+
+    #[test]
+    fn batch_env_parsing() {
+        assert_eq!(batch_width_from_env(None), 1);
+        assert_eq!(batch_width_from_env(Some("4")), 4);
+        assert_eq!(batch_width_from_env(Some(" 8 ")), 8);
+        assert_eq!(batch_width_from_env(Some("0")), 1);
+        assert_eq!(batch_width_from_env(Some("x")), 1);
+    }
+}

@@ -1,0 +1,163 @@
+//! The production backend: the model, its prompter and the serial greedy path (SPEC §4's
+//! reference), driven one request at a time with cancellation between decode steps.
+use std::sync::Arc;
+use std::time::Instant;
+
+use mlx_rs::Device;
+
+use super::backend::{Backend, BackendInfo, Generate, Serial};
+use super::request::{Completion, Job, StopReason};
+use crate::config::{Config, DeviceChoice};
+use crate::generate::{decode_step, prefill, PREFILL_STEP};
+use crate::model::{ForwardCtx, Model};
+use crate::prompt::Prompter;
+use crate::{Error, Result};
+
+/// The model and everything needed to turn a stage call into its greedy answer.
+pub struct ModelBackend {
+    model: Model,
+    prompter: Arc<Prompter>,
+    stop_ids: Vec<u32>,
+    max_prompt_tokens: usize,
+    prompt_limit_why: &'static str,
+}
+
+/// The loader [`super::Engine::new`] runs on the engine thread.
+pub(crate) fn load(config: &Config) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(Serial(ModelBackend::load(config)?)))
+}
+
+fn select_device(choice: DeviceChoice) -> Result<()> {
+    match choice {
+        DeviceChoice::Default => Ok(()),
+        DeviceChoice::Cpu => {
+            Device::set_default(&Device::cpu());
+            Ok(())
+        }
+        // mlx-rs' `Device::gpu()` aborts where MLX has no GPU backend; only Apple builds have
+        // Metal for certain.
+        DeviceChoice::Gpu if cfg!(target_os = "macos") => {
+            Device::set_default(&Device::gpu());
+            Ok(())
+        }
+        DeviceChoice::Gpu => Err(Error::InvalidConfig(
+            "`device: \"gpu\"` is only available on macOS builds; use \"default\" (MLX picks its GPU when it has one) or \"cpu\"".into(),
+        )),
+    }
+}
+
+fn check_adapters(config: &Config) -> Result<()> {
+    for (name, dir) in &config.adapters {
+        if !dir.is_dir() {
+            return Err(Error::Io {
+                path: dir.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("adapter `{name}`: directory not found"),
+                ),
+            });
+        }
+    }
+    if let Some(name) = config.adapters.keys().next() {
+        // Running an adapter stage on the base model would silently give wrong answers.
+        return Err(Error::InvalidConfig(format!(
+            "adapter `{name}`: mounting LoRA adapters is not implemented in this build yet"
+        )));
+    }
+    Ok(())
+}
+
+impl ModelBackend {
+    /// Loads model, tokenizer, template and stage registry of `config`.
+    pub fn load(config: &Config) -> Result<ModelBackend> {
+        select_device(config.device)?;
+        check_adapters(config)?;
+        let model = Model::load(&config.model_dir)?;
+        let prompter = Prompter::from_dir(&config.model_dir)?
+            .with_stages(crate::config::stage_registry(&config.stages)?);
+        let mut stop_ids = model.info().eos_token_ids.clone();
+        if let Some(eos) = prompter.tokenizer().eos() {
+            if !stop_ids.contains(&eos.id) {
+                stop_ids.push(eos.id);
+            }
+        }
+        let context = model.info().max_context;
+        let (max_prompt_tokens, prompt_limit_why) = match config.limits.max_prompt_tokens {
+            Some(n) if n < context => (n, "limits.max_prompt_tokens"),
+            _ => (context, "the model's context"),
+        };
+        Ok(ModelBackend {
+            model,
+            prompter: Arc::new(prompter),
+            stop_ids,
+            max_prompt_tokens,
+            prompt_limit_why,
+        })
+    }
+
+    /// The ids generation stops at: the model's eos ids plus the tokenizer's eos.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+}
+
+impl Generate for ModelBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            mode: "serial".into(),
+            max_context: self.model.info().max_context,
+            prompter: Some(self.prompter.clone()),
+        }
+    }
+
+    /// Exactly [`crate::generate::greedy`]'s schedule, with an interruption check before the
+    /// prefill and between decode steps.
+    fn generate(&mut self, job: &Job) -> Result<Completion> {
+        let prompt = self.prompter.prompt_ids(&job.stage, &job.input)?;
+        if prompt.len() > self.max_prompt_tokens {
+            return Err(Error::PromptTooLong {
+                tokens: prompt.len(),
+                limit: self.max_prompt_tokens,
+                why: self.prompt_limit_why,
+            });
+        }
+        if let Some(e) = job.interruption() {
+            return Err(e);
+        }
+        let ctx = ForwardCtx::default();
+        let mut cache = self.model.new_cache();
+        let started = Instant::now();
+        let mut next = prefill(&self.model, &prompt, &mut cache, PREFILL_STEP, &ctx)?;
+        let prefill_time = started.elapsed();
+        let decode_start = Instant::now();
+        let mut ids = Vec::new();
+        let stop = loop {
+            if self.stop_ids.contains(&next) {
+                break StopReason::Eos;
+            }
+            ids.push(next);
+            if ids.len() >= job.max_tokens {
+                break StopReason::MaxTokens;
+            }
+            if let Some(e) = job.interruption() {
+                return Err(e);
+            }
+            next = *decode_step(&self.model, &[next], &mut [&mut cache], &ctx)?
+                .first()
+                .ok_or_else(|| Error::Internal("a decode step returned no token".into()))?;
+        };
+        let decode_time = decode_start.elapsed();
+        Ok(Completion {
+            text: self.prompter.tokenizer().decode(&ids)?,
+            ids,
+            prompt_tokens: prompt.len(),
+            stop,
+            prefill_time,
+            decode_time,
+        })
+    }
+
+    fn peak_memory(&self) -> Option<u64> {
+        mlx_rs::memory::peak_memory().ok().map(|b| b as u64)
+    }
+}

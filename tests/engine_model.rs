@@ -1,0 +1,179 @@
+//! The engine on the tiny fixture: every answer equals the Rust API's serial greedy text
+//! (`Prompter::prompt_ids` + `generate::greedy` + decode, which share nothing with the engine
+//! thread), batches keep order, concurrent callers get their serial answers, and the stats add
+//! up. Needs .deps/fixtures (scripts/setup.sh).
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use memexec::config::Config;
+use memexec::engine::{CallOptions, Engine, LocalInput, ModelBackend};
+use memexec::generate::{greedy, GenerateOptions};
+use memexec::model::Model;
+use memexec::prompt::Prompter;
+use memexec::Error;
+
+fn fixture() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".deps/fixtures/tiny-gemma4-q4-f32");
+    assert!(
+        dir.join("config.json").is_file(),
+        "{} is missing: run scripts/setup.sh",
+        dir.display()
+    );
+    dir
+}
+
+fn inputs() -> Vec<(&'static str, LocalInput, usize)> {
+    vec![
+        ("route", LocalInput::user("Is it raining?"), 5),
+        (
+            "chunk",
+            LocalInput::with_system("Split — JSON.", "a: hi\nb: hello"),
+            7,
+        ),
+        ("entity", LocalInput::user("Grace Hopper in Arlington"), 3),
+        ("synthesis", LocalInput::with_system("", "émoji 😀 日本"), 6),
+        ("no-such-stage", LocalInput::user("x"), 4),
+    ]
+}
+
+/// The serial reference through the Rust API.
+fn serial_texts(dir: &std::path::Path, stop_ids: &[u32]) -> Vec<String> {
+    let model = Model::load(dir).unwrap();
+    let prompter = Prompter::from_dir(dir).unwrap();
+    inputs()
+        .iter()
+        .map(|(stage, input, max_tokens)| {
+            let ids = prompter.prompt_ids(stage, input).unwrap();
+            let opts = GenerateOptions {
+                max_tokens: *max_tokens,
+                stop_ids: Some(stop_ids.to_vec()),
+                ..GenerateOptions::default()
+            };
+            let g = greedy(&model, &ids, opts).unwrap();
+            prompter.tokenizer().decode(&g.ids).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn engine_answers_equal_serial_greedy_in_every_mode_of_calling() {
+    let dir = fixture();
+    let config = Config::for_model(&dir);
+    let stop_ids = ModelBackend::load(&config).unwrap().stop_ids().to_vec();
+    let want = serial_texts(&dir, &stop_ids);
+    let engine = Arc::new(Engine::new(config).unwrap());
+
+    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
+        let got = engine
+            .call(
+                stage,
+                input,
+                CallOptions {
+                    max_tokens: Some(max_tokens),
+                },
+            )
+            .unwrap();
+        assert_eq!(&got.text, want, "stage {stage}");
+        assert!(got.ids.len() <= max_tokens);
+    }
+
+    // A batch of one stage keeps order.
+    let batch: Vec<LocalInput> = inputs().into_iter().map(|(_, i, _)| i).collect();
+    let got = engine
+        .batch(
+            "entity",
+            batch.clone(),
+            CallOptions {
+                max_tokens: Some(3),
+            },
+        )
+        .unwrap();
+    let one_by_one: Vec<String> = batch
+        .into_iter()
+        .map(|i| {
+            engine
+                .call(
+                    "entity",
+                    i,
+                    CallOptions {
+                        max_tokens: Some(3),
+                    },
+                )
+                .unwrap()
+                .text
+        })
+        .collect();
+    assert_eq!(
+        got.iter().map(|c| c.text.clone()).collect::<Vec<_>>(),
+        one_by_one
+    );
+
+    // Concurrent callers each get their serial answer.
+    let threads: Vec<_> = inputs()
+        .into_iter()
+        .zip(want.clone())
+        .map(|((stage, input, max_tokens), want)| {
+            let e = engine.clone();
+            std::thread::spawn(move || {
+                let got = e
+                    .call(
+                        stage,
+                        input,
+                        CallOptions {
+                            max_tokens: Some(max_tokens),
+                        },
+                    )
+                    .unwrap();
+                assert_eq!(got.text, want);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = engine.stats();
+    assert_eq!(
+        stats.completed as usize,
+        2 * inputs().len() + 2 * inputs().len()
+    );
+    assert!(stats.tokens_in > 0 && stats.tokens_out > 0 && stats.peak_memory_bytes > 0);
+}
+
+#[test]
+fn prompt_limits_and_load_errors() {
+    let dir = fixture();
+    let mut config = Config::for_model(&dir);
+    config.limits.max_prompt_tokens = Some(8);
+    let engine = Engine::new(config).unwrap();
+    let err = engine
+        .call(
+            "route",
+            LocalInput::user("a prompt longer than eight tokens, surely"),
+            CallOptions::default(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::PromptTooLong { limit: 8, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("limits.max_prompt_tokens"),
+        "{err}"
+    );
+
+    let missing = Engine::new(Config::for_model("/nonexistent/memexec-model"))
+        .err()
+        .unwrap();
+    assert!(matches!(missing, Error::Load(_)), "{missing}");
+    assert!(
+        missing.to_string().contains("/nonexistent/memexec-model"),
+        "{missing}"
+    );
+
+    let mut with_adapter = Config::for_model(&dir);
+    with_adapter
+        .adapters
+        .insert("memory-chunk".into(), "/nonexistent/adapter".into());
+    let bad = Engine::new(with_adapter).err().unwrap();
+    assert!(bad.to_string().contains("/nonexistent/adapter"), "{bad}");
+}
