@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Collect, HERE, what travels to the GPU machine (../shared/GPU.md), into the ignored folder
+# .gpu/ as two bundles that each fit one device call (64 MiB with the working tree):
+#   .gpu/send1/  mlx-cuda-13 wheel part 1, the mlx + mlx-lm cp312 wheels, the Gemma-4
+#                tokenizer (tar.xz), the f32 tiny fixture + its mlx-lm oracle (tar.gz)
+#   .gpu/send2/  mlx-cuda-13 wheel part 2, the release binary (xz), the bf16 tiny fixture +
+#                its oracle (tar.gz)
+# Each bundle holds MANIFEST-<n> (sha256 of its files, the bundle count and a prepare id),
+# so scripts/gpu/remote.sh can check what arrived and tell what is still missing.
+#
+# Usage: scripts/gpu/prepare.sh [--no-binary]
+#   env: GPU_WHEELS (default .gpu/wheels; fetched with pip download when absent),
+#        MEMEXEC_BIN (default target/release/memexec), DEPS (default .deps),
+#        BUNDLE_MAX_MIB (default 56: leaves room for the working tree in a 64 MiB call)
+# Then (the lead, with the device tool; back to back, the machine stays warm ~30 s):
+#   run(carry=[".gpu/send1"], command="bash scripts/gpu/remote.sh")
+#   run(carry=[".gpu/send2"], command="bash scripts/gpu/remote.sh '<cmd>' ...")
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+DEPS=${DEPS:-$ROOT/.deps}
+WHEELS=${GPU_WHEELS:-$ROOT/.gpu/wheels}
+BIN=${MEMEXEC_BIN:-$ROOT/target/release/memexec}
+MAX_MIB=${BUNDLE_MAX_MIB:-56}
+NO_BINARY=0
+[ "${1:-}" = "--no-binary" ] && NO_BINARY=1
+log() { printf '[gpu-prepare] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+CUDA_WHL=mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl
+MLX_WHL=mlx-0.32.2-cp312-cp312-manylinux_2_35_x86_64.whl
+LM_WHL=mlx_lm-0.32.2-py3-none-any.whl
+
+# --- wheels (pinned; fetched once with the ordinary pip client when missing)
+mkdir -p "$WHEELS"
+fetch() { # spec platform
+  local py=python3
+  [ -x "$DEPS/venv/bin/python" ] && py=$DEPS/venv/bin/python
+  log "fetching $1"
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform "$2" -d "$WHEELS" "$1"
+}
+[ -f "$WHEELS/$CUDA_WHL" ] || fetch mlx-cuda-13==0.32.2 manylinux_2_35_x86_64
+[ -f "$WHEELS/$MLX_WHL" ] || fetch mlx==0.32.2 manylinux_2_35_x86_64
+[ -f "$WHEELS/$LM_WHL" ] || fetch mlx-lm==0.32.2 any
+for w in "$CUDA_WHL" "$MLX_WHL" "$LM_WHL"; do
+  [ -f "$WHEELS/$w" ] || die "missing $WHEELS/$w"
+done
+
+# --- inputs from the setup
+TOK=$DEPS/tokenizers/gemma4
+FIX=$DEPS/fixtures
+for p in "$TOK/tokenizer.json" "$TOK/tokenizer_config.json" "$TOK/chat_template.jinja" \
+  "$FIX/tiny-gemma4-q4-f32/config.json" "$FIX/oracle/tiny-gemma4-q4-f32.json" \
+  "$FIX/tiny-gemma4-q4/config.json" "$FIX/oracle/tiny-gemma4-q4.json"; do
+  [ -f "$p" ] || die "missing $p (run scripts/setup.sh first)"
+done
+if [ "$NO_BINARY" = 0 ]; then
+  [ -x "$BIN" ] || die "missing $BIN (cargo build --release first, or pass --no-binary for an mlx-lm-only run)"
+  # The binary's own NEEDED libraries found under the setup folder will not exist there, except
+  # libmlx.so (replaced by the CUDA build; its own dependencies come with that wheel).
+  if command -v ldd >/dev/null && command -v readelf >/dev/null; then
+    needed=$(readelf -d "$BIN" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+    echo "$needed" | grep -qx 'libmlx\.so' || log "WARNING: the binary does not load libmlx.so dynamically"
+    for lib in $needed; do
+      [ "$lib" = libmlx.so ] && continue
+      path=$(ldd "$BIN" | awk -v l="$lib" '$1 == l { print $3 }')
+      case "$path" in
+      "$(readlink -f "$DEPS")"/* | "$DEPS"/*) log "WARNING: $lib comes from $path (absent there)" ;;
+      esac
+    done
+  fi
+fi
+
+# --- bundles
+OUTD=$ROOT/.gpu
+rm -rf "$OUTD/send1" "$OUTD/send2" "$OUTD/stage"
+mkdir -p "$OUTD/send1" "$OUTD/send2" "$OUTD/stage"
+S1=$OUTD/send1
+S2=$OUTD/send2
+split -b 44000000 -d -a 1 "$WHEELS/$CUDA_WHL" "$OUTD/stage/cuda.part"
+nparts=$(ls "$OUTD/stage"/cuda.part* | wc -l)
+[ "$nparts" = 2 ] || die "expected the CUDA wheel in 2 parts, got $nparts"
+mv "$OUTD/stage/cuda.part0" "$S1/cuda.part0"
+mv "$OUTD/stage/cuda.part1" "$S2/cuda.part1"
+cp "$WHEELS/$MLX_WHL" "$WHEELS/$LM_WHL" "$S1/"
+tar -C "$DEPS/tokenizers" -cf - gemma4 | xz -T2 -6 >"$S1/tokenizer-gemma4.tar.xz"
+pack_fixture() { # name dest
+  mkdir -p "$OUTD/stage/fx/$1/oracle"
+  cp -r "$FIX/$1" "$OUTD/stage/fx/$1/"
+  cp "$FIX/oracle/$1.json" "$OUTD/stage/fx/$1/oracle/"
+  tar -C "$OUTD/stage/fx/$1" -cf - . | gzip -6 >"$2/fixture-$1.tar.gz"
+}
+pack_fixture tiny-gemma4-q4-f32 "$S1"
+pack_fixture tiny-gemma4-q4 "$S2"
+if [ "$NO_BINARY" = 0 ]; then
+  xz -T2 -6 -c "$BIN" >"$S2/memexec.xz"
+fi
+rm -rf "$OUTD/stage"
+
+# --- manifests: sha256 per file, the bundle count, one id for this prepare run
+ID=$(cat "$S1"/* "$S2"/* | sha256sum | cut -c1-16)
+for n in 1 2; do
+  d=$OUTD/send$n
+  {
+    echo "# memexec-gpu bundle $n of 2, prepare id $ID, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "id $ID"
+    echo "bundles 2"
+    echo "cuda_wheel $CUDA_WHL"
+    (cd "$d" && sha256sum -- * | sed 's/^/file /')
+  } >"$OUTD/MANIFEST-$n.tmp"
+  mv "$OUTD/MANIFEST-$n.tmp" "$d/MANIFEST-$n"
+  size=$(du -sb "$d" | cut -f1)
+  mib=$(( (size + 1048575) / 1048576 ))
+  log "send$n: $mib MiB ($(ls "$d" | tr '\n' ' '))"
+  [ "$mib" -le "$MAX_MIB" ] || die "send$n is $mib MiB > $MAX_MIB MiB: it would not travel with the tree"
+done
+tree_kib=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+log "tracked tree: $((tree_kib / 1024)) KiB; prepare id $ID"
+log "next: run(carry=[\".gpu/send1\"], command=\"bash scripts/gpu/remote.sh\"), then at once"
+log "      run(carry=[\".gpu/send2\"], command=\"bash scripts/gpu/remote.sh '<cmd>' ...\")"
