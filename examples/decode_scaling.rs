@@ -7,7 +7,9 @@ use memexec::generate::{decode_step, prefill, PREFILL_STEP};
 use memexec::model::{ForwardCtx, Model};
 
 fn main() -> memexec::Result<()> {
-    let dir = std::env::args().nth(1).unwrap_or_else(|| ".deps/fixtures/tiny-gemma4-q4-f32".into());
+    let dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| ".deps/fixtures/tiny-gemma4-q4-f32".into());
     let model = Model::load(std::path::Path::new(&dir))?;
     let ctx = ForwardCtx::default();
     println!("{dir}\n   B   ms/step   ms/row-token");
@@ -15,7 +17,9 @@ fn main() -> memexec::Result<()> {
         let mut caches: Vec<_> = (0..b).map(|_| model.new_cache()).collect();
         let mut last = Vec::new();
         for (i, c) in caches.iter_mut().enumerate() {
-            let prompt: Vec<u32> = (0..(20 + 7 * i as u32)).map(|t| 2 + (t * 37 + i as u32) % 3000).collect();
+            let prompt: Vec<u32> = (0..(20 + 7 * i as u32))
+                .map(|t| 2 + (t * 37 + i as u32) % 3000)
+                .collect();
             last.push(prefill(&model, &prompt, c, PREFILL_STEP, &ctx)?);
         }
         let steps = 12;

@@ -177,3 +177,38 @@ fn prompt_limits_and_load_errors() {
     let bad = Engine::new(with_adapter).err().unwrap();
     assert!(bad.to_string().contains("/nonexistent/adapter"), "{bad}");
 }
+
+#[test]
+fn a_stage_runs_with_exactly_its_adapter() {
+    let dir = fixture();
+    let adapter =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".deps/fixtures/adapters/lora-default");
+    assert!(
+        adapter.is_dir(),
+        "{} is missing: run scripts/setup.sh",
+        adapter.display()
+    );
+    let base = Engine::new(Config::for_model(&dir)).unwrap();
+    let mut config = Config::for_model(&dir);
+    config.adapters.insert("memory-chunk".into(), adapter);
+    config.stages.insert(
+        "chunk".into(),
+        memexec::config::StageSpec {
+            adapter: Some("memory-chunk".into()),
+            system: None,
+        },
+    );
+    let tuned = Engine::new(config).unwrap();
+    let opts = CallOptions {
+        max_tokens: Some(8),
+    };
+    let input = LocalInput::with_system("Split the transcript.", "a: hi\nb: hello there");
+    // `chunk` differs from the base model; `route` (no adapter) is the base model exactly.
+    let with = tuned.call("chunk", input.clone(), opts).unwrap();
+    let without = base.call("chunk", input.clone(), opts).unwrap();
+    assert_ne!(with.ids, without.ids, "the adapter changed nothing");
+    assert_eq!(
+        tuned.call("route", input.clone(), opts).unwrap().ids,
+        base.call("route", input, opts).unwrap().ids
+    );
+}

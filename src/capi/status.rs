@@ -53,6 +53,7 @@ pub(crate) fn status_of(e: &Error) -> memexec_status {
         | Error::Config { .. }
         | Error::UnsupportedModel { .. }
         | Error::Tensor { .. }
+        | Error::Adapter { .. }
         | Error::Load(_) => S::LoadFailed,
         Error::InvalidArgument(_) => S::InvalidArgument,
         Error::InvalidJson { .. } => S::InvalidJson,

@@ -1,5 +1,7 @@
 //! The production backend: the model, its prompter and the serial greedy path (SPEC §4's
 //! reference), driven one request at a time with cancellation between decode steps.
+use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,6 +11,7 @@ use super::backend::{Backend, BackendInfo, Generate};
 use super::request::{Completion, Job, StopReason};
 use crate::config::{Config, DeviceChoice};
 use crate::generate::{decode_step, prefill, PREFILL_STEP};
+use crate::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
 use crate::model::{ForwardCtx, Model};
 use crate::prompt::Prompter;
 use crate::{Error, Result};
@@ -16,6 +19,9 @@ use crate::{Error, Result};
 /// The model and everything needed to turn a stage call into its greedy answer.
 pub struct ModelBackend {
     model: Model,
+    adapters: Rc<AdapterRegistry>,
+    /// Each stage's adapter; stages not listed run on the base model.
+    stage_adapters: BTreeMap<String, AdapterId>,
     prompter: Arc<Prompter>,
     stop_ids: Vec<u32>,
     max_prompt_tokens: usize,
@@ -47,33 +53,33 @@ fn select_device(choice: DeviceChoice) -> Result<()> {
     }
 }
 
-fn check_adapters(config: &Config) -> Result<()> {
+/// Mounts every configured adapter once (validated against the model before anything is
+/// mounted; a bad adapter fails the load, naming the adapter and tensor).
+fn mount_adapters(config: &Config, model: &Model) -> Result<Rc<AdapterRegistry>> {
+    let mut registry = AdapterRegistry::new(model.linear_modules());
     for (name, dir) in &config.adapters {
-        if !dir.is_dir() {
-            return Err(Error::Io {
-                path: dir.clone(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    format!("adapter `{name}`: directory not found"),
-                ),
-            });
-        }
+        registry.mount_named(name, dir)?;
     }
-    if let Some(name) = config.adapters.keys().next() {
-        // Running an adapter stage on the base model would silently give wrong answers.
-        return Err(Error::InvalidConfig(format!(
-            "adapter `{name}`: mounting LoRA adapters is not implemented in this build yet"
-        )));
-    }
-    Ok(())
+    Ok(Rc::new(registry))
 }
 
 impl ModelBackend {
     /// Loads model, tokenizer, template and stage registry of `config`.
     pub fn load(config: &Config) -> Result<ModelBackend> {
         select_device(config.device)?;
-        check_adapters(config)?;
         let model = Model::load(&config.model_dir)?;
+        let adapters = mount_adapters(config, &model)?;
+        let mut stage_adapters = BTreeMap::new();
+        for (stage, spec) in &config.stages {
+            if let Some(name) = &spec.adapter {
+                let id = adapters.id(name).ok_or_else(|| {
+                    Error::InvalidConfig(format!(
+                        "stage `{stage}`: adapter `{name}` is not mounted"
+                    ))
+                })?;
+                stage_adapters.insert(stage.clone(), id);
+            }
+        }
         let prompter = Prompter::from_dir(&config.model_dir)?
             .with_stages(crate::config::stage_registry(&config.stages)?);
         let mut stop_ids = model.info().eos_token_ids.clone();
@@ -89,6 +95,8 @@ impl ModelBackend {
         };
         Ok(ModelBackend {
             model,
+            adapters,
+            stage_adapters,
             prompter: Arc::new(prompter),
             stop_ids,
             max_prompt_tokens,
@@ -141,7 +149,13 @@ impl Generate for ModelBackend {
         if let Some(e) = job.interruption() {
             return Err(e);
         }
-        let ctx = ForwardCtx::default();
+        // Exactly the stage's adapter, or none (the base model, with no adapter op at all).
+        let stack = match self.stage_adapters.get(&job.stage) {
+            Some(id) => AdapterStack::single(*id),
+            None => AdapterStack::none(),
+        };
+        let ctx =
+            ForwardCtx::with_adapters(Activation::per_row(self.adapters.clone(), vec![stack])?);
         let mut cache = self.model.new_cache();
         let started = Instant::now();
         let mut next = prefill(&self.model, &prompt, &mut cache, PREFILL_STEP, &ctx)?;
