@@ -339,7 +339,8 @@ impl Backend for Batched {
     }
 
     fn run(&mut self, jobs: Vec<Job>, intake: &mut Intake<'_>) {
-        let decoder = Decoder::new(self.inner.model(), self.inner.stop_ids());
+        let decoder = Decoder::new(self.inner.model(), self.inner.stop_ids())
+            .with_registry(self.inner.adapters().clone());
         let mut waiting: VecDeque<Job> = jobs.into();
         let mut running: Vec<Row<Job>> = Vec::new();
         loop {
@@ -379,8 +380,12 @@ impl Backend for Batched {
                         continue;
                     }
                 };
-                let max_tokens = job.max_tokens;
-                match decoder.start(job, RowRequest::new(prompt, max_tokens)) {
+                let req = RowRequest {
+                    prompt,
+                    max_tokens: job.max_tokens,
+                    adapters: self.inner.stage_stack(&job.stage),
+                };
+                match decoder.start(job, req) {
                     Ok(Started::Running(row)) => running.push(row),
                     Ok(Started::Done(job, out)) => {
                         let result = self.completion(out);

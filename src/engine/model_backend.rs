@@ -119,6 +119,19 @@ impl ModelBackend {
         &self.prompter
     }
 
+    /// The mounted adapters.
+    pub fn adapters(&self) -> &Rc<AdapterRegistry> {
+        &self.adapters
+    }
+
+    /// Exactly the stage's adapter, or none (the base model, with no adapter op at all).
+    pub fn stage_stack(&self, stage: &str) -> AdapterStack {
+        match self.stage_adapters.get(stage) {
+            Some(id) => AdapterStack::single(*id),
+            None => AdapterStack::none(),
+        }
+    }
+
     /// The prompt ids of `job`, checked against the prompt limit.
     pub fn prompt_for(&self, job: &Job) -> Result<Vec<u32>> {
         let prompt = self.prompter.prompt_ids(&job.stage, &job.input)?;
@@ -149,11 +162,7 @@ impl Generate for ModelBackend {
         if let Some(e) = job.interruption() {
             return Err(e);
         }
-        // Exactly the stage's adapter, or none (the base model, with no adapter op at all).
-        let stack = match self.stage_adapters.get(&job.stage) {
-            Some(id) => AdapterStack::single(*id),
-            None => AdapterStack::none(),
-        };
+        let stack = self.stage_stack(&job.stage);
         let ctx =
             ForwardCtx::with_adapters(Activation::per_row(self.adapters.clone(), vec![stack])?);
         let mut cache = self.model.new_cache();

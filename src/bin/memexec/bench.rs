@@ -279,6 +279,7 @@ pub fn run(args: Args) -> Result<()> {
     if !args.no_mlx_lm && !wls_json.is_empty() {
         mlx_json = mlx_lm(&args, &wls_json)?;
         let empty = Vec::new();
+        let mut extra = Vec::new();
         for w in mlx_json["workloads"].as_array().unwrap_or(&empty) {
             let name = w["name"].as_str().unwrap_or("?");
             let ours = |mode: &str| {
@@ -311,7 +312,7 @@ pub fn run(args: Args) -> Result<()> {
                 let vs = ours(&mode)
                     .and_then(|r| r["e2e_ms"].as_f64())
                     .map(|m| e2e / m);
-                table.push(json!({
+                extra.push(json!({
                     "workload": name, "engine": "mlx-lm", "mode": mode, "width": width,
                     "e2e_ms": e2e, "prefill_tok_s": run["prefill_tok_s"],
                     "decode_tok_s": run["decode_tok_s"], "generated_tokens": generated,
@@ -322,6 +323,7 @@ pub fn run(args: Args) -> Result<()> {
                 }));
             }
         }
+        table.extend(extra);
     }
     print_table(&table);
     if let Some(path) = &args.json_out {
