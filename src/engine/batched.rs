@@ -181,7 +181,11 @@ impl<'a> Decoder<'a> {
 
     /// Prefills `req` alone (exactly the serial prefill) and applies the serial rule to its
     /// first token. On error the tag comes back with it.
-    pub fn start<T>(&self, tag: T, req: RowRequest) -> std::result::Result<Started<T>, StartError<T>> {
+    pub fn start<T>(
+        &self,
+        tag: T,
+        req: RowRequest,
+    ) -> std::result::Result<Started<T>, StartError<T>> {
         let mut row = Row {
             tag,
             cache: self.model.new_cache(),
@@ -203,11 +207,17 @@ impl<'a> Decoder<'a> {
             .and_then(|ctx| prefill(self.model, &req.prompt, &mut row.cache, PREFILL_STEP, &ctx))
         {
             Ok(first) => first,
-            Err(error) => return Err(StartError { job: row.tag, error }),
+            Err(error) => {
+                return Err(StartError {
+                    job: row.tag,
+                    error,
+                })
+            }
         };
         row.prefill_time = started.elapsed();
         if let Some(per) = (row.cache.nbytes() as u64).checked_div(row.cache.offset() as u64) {
-            self.bytes_per_token.set(self.bytes_per_token.get().max(per));
+            self.bytes_per_token
+                .set(self.bytes_per_token.get().max(per));
         }
         Ok(match row.take(first, self.stop_ids) {
             Ok(row) => Started::Running(row),

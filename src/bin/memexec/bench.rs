@@ -105,7 +105,13 @@ fn run_batched(
         .map(|p| RowRequest::new(p.clone(), max_tokens))
         .collect();
     let t = Instant::now();
-    let outs = decoder.run_rows(reqs, Limits { width, kv_budget: None });
+    let outs = decoder.run_rows(
+        reqs,
+        Limits {
+            width,
+            kv_budget: None,
+        },
+    );
     let e2e = t.elapsed();
     let mut prefill = Duration::ZERO;
     let mut ids = Vec::new();
@@ -208,11 +214,20 @@ pub fn run(args: Args) -> Result<()> {
     let mut wls_json = Vec::new();
     let mut table = Vec::new();
     for wl in workloads::all(args.seed) {
-        if !args.workloads.iter().any(|w| w.eq_ignore_ascii_case(wl.name)) {
+        if !args
+            .workloads
+            .iter()
+            .any(|w| w.eq_ignore_ascii_case(wl.name))
+        {
             continue;
         }
-        let max_tokens = args.max_tokens.map_or(wl.max_tokens, |m| m.min(wl.max_tokens));
-        let n = args.prompts.unwrap_or(wl.prompts.len()).min(wl.prompts.len());
+        let max_tokens = args
+            .max_tokens
+            .map_or(wl.max_tokens, |m| m.min(wl.max_tokens));
+        let n = args
+            .prompts
+            .unwrap_or(wl.prompts.len())
+            .min(wl.prompts.len());
         let prompts: Vec<Vec<u32>> = wl.prompts[..n]
             .iter()
             .map(|p| {
@@ -257,7 +272,12 @@ pub fn run(args: Args) -> Result<()> {
             let generated: usize = r.ids.iter().map(Vec::len).sum();
             // As mlx-lm's serial: decode tok/s counts the tokens after each row's first.
             let after_first = generated.saturating_sub(r.ids.len());
-            let identical = r.ids.iter().zip(&serial_ids).filter(|(a, b)| a == b).count();
+            let identical = r
+                .ids
+                .iter()
+                .zip(&serial_ids)
+                .filter(|(a, b)| a == b)
+                .count();
             let row = json!({
                 "workload": wl.name, "engine": "memexec", "mode": mode_name(*mode),
                 "width": mode.unwrap_or(1), "e2e_ms": ms(e2e),
@@ -288,8 +308,12 @@ pub fn run(args: Args) -> Result<()> {
                     .find(|r| r["workload"] == name && r["mode"] == mode)
                     .cloned()
             };
-            let serial_ids = ours("serial").map(|r| r["ids"].clone()).unwrap_or(Value::Null);
-            let serial_ms = ours("serial").and_then(|r| r["e2e_ms"].as_f64()).unwrap_or(0.0);
+            let serial_ids = ours("serial")
+                .map(|r| r["ids"].clone())
+                .unwrap_or(Value::Null);
+            let serial_ms = ours("serial")
+                .and_then(|r| r["e2e_ms"].as_f64())
+                .unwrap_or(0.0);
             for run in w["runs"].as_array().unwrap_or(&empty) {
                 let batch = run["mode"] == "batch";
                 let width = run["width"].as_u64().unwrap_or(1);
