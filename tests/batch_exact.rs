@@ -221,7 +221,7 @@ fn engine(width: usize) -> Engine {
 fn inputs() -> Vec<LocalInput> {
     (0..6)
         .map(|i| {
-            LocalInput::user(&format!(
+            LocalInput::user(format!(
                 "Note {i}: {}",
                 "the deadline moved. ".repeat(i * 5)
             ))

@@ -21,10 +21,10 @@ pub struct Limits {
 /// the serial path would run that row too, and refusing it would stall the queue forever.
 pub fn admit(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
     let width = limits.width.max(1);
-    let mut rows = running.len();
     let mut bytes: u64 = running.iter().sum();
     let mut n = 0;
     for &need in waiting {
+        let rows = running.len() + n;
         if rows >= width {
             break;
         }
@@ -33,7 +33,6 @@ pub fn admit(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
                 break;
             }
         }
-        rows += 1;
         bytes = bytes.saturating_add(need);
         n += 1;
     }
