@@ -6,8 +6,10 @@
 //! too, and a load failure is returned by [`Engine::new`] (nothing is cached: a later `new`
 //! tries again).
 pub mod backend;
+pub mod batched;
 mod model_backend;
 pub mod request;
+pub mod scheduler;
 pub mod stats;
 mod ticket;
 
@@ -19,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 pub use backend::{Backend, BackendInfo, Generate, Intake, Serial};
+pub use batched::{Batched, Decoder, RowOutput, RowRequest};
 pub use model_backend::ModelBackend;
 pub use request::{CallOptions, CancelFlag, Completion, Job, LocalInput, StopReason};
 pub use stats::Stats;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use mlx_rs::Device;
 
-use super::backend::{Backend, BackendInfo, Generate, Serial};
+use super::backend::{Backend, BackendInfo, Generate};
 use super::request::{Completion, Job, StopReason};
 use crate::config::{Config, DeviceChoice};
 use crate::generate::{decode_step, prefill, PREFILL_STEP};
@@ -30,7 +30,8 @@ pub struct ModelBackend {
 
 /// The loader [`super::Engine::new`] runs on the engine thread.
 pub(crate) fn load(config: &Config) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(Serial(ModelBackend::load(config)?)))
+    let backend = ModelBackend::load(config)?;
+    Ok(super::batched::select(backend, config.batch_width))
 }
 
 fn select_device(choice: DeviceChoice) -> Result<()> {
@@ -107,6 +108,42 @@ impl ModelBackend {
     pub fn stop_ids(&self) -> &[u32] {
         &self.stop_ids
     }
+
+    /// The loaded model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The prompter (tokenizer, template, stages).
+    pub fn prompter(&self) -> &Prompter {
+        &self.prompter
+    }
+
+    /// The mounted adapters.
+    pub fn adapters(&self) -> &Rc<AdapterRegistry> {
+        &self.adapters
+    }
+
+    /// Exactly the stage's adapter, or none (the base model, with no adapter op at all).
+    pub fn stage_stack(&self, stage: &str) -> AdapterStack {
+        match self.stage_adapters.get(stage) {
+            Some(id) => AdapterStack::single(*id),
+            None => AdapterStack::none(),
+        }
+    }
+
+    /// The prompt ids of `job`, checked against the prompt limit.
+    pub fn prompt_for(&self, job: &Job) -> Result<Vec<u32>> {
+        let prompt = self.prompter.prompt_ids(&job.stage, &job.input)?;
+        if prompt.len() > self.max_prompt_tokens {
+            return Err(Error::PromptTooLong {
+                tokens: prompt.len(),
+                limit: self.max_prompt_tokens,
+                why: self.prompt_limit_why,
+            });
+        }
+        Ok(prompt)
+    }
 }
 
 impl Generate for ModelBackend {
@@ -121,22 +158,11 @@ impl Generate for ModelBackend {
     /// Exactly [`crate::generate::greedy`]'s schedule, with an interruption check before the
     /// prefill and between decode steps.
     fn generate(&mut self, job: &Job) -> Result<Completion> {
-        let prompt = self.prompter.prompt_ids(&job.stage, &job.input)?;
-        if prompt.len() > self.max_prompt_tokens {
-            return Err(Error::PromptTooLong {
-                tokens: prompt.len(),
-                limit: self.max_prompt_tokens,
-                why: self.prompt_limit_why,
-            });
-        }
+        let prompt = self.prompt_for(job)?;
         if let Some(e) = job.interruption() {
             return Err(e);
         }
-        // Exactly the stage's adapter, or none (the base model, with no adapter op at all).
-        let stack = match self.stage_adapters.get(&job.stage) {
-            Some(id) => AdapterStack::single(*id),
-            None => AdapterStack::none(),
-        };
+        let stack = self.stage_stack(&job.stage);
         let ctx =
             ForwardCtx::with_adapters(Activation::per_row(self.adapters.clone(), vec![stack])?);
         let mut cache = self.model.new_cache();

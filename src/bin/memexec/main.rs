@@ -1,6 +1,7 @@
 //! The `memexec` command-line tool: one subcommand per file in this folder.
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod generate;
 mod prompt;
 mod run;
@@ -22,6 +23,8 @@ enum Command {
     Run(run::Args),
     /// Greedy generation from a model directory.
     Generate(generate::Args),
+    /// BENCH.md: serial vs batched vs mlx-lm on the three workloads.
+    Bench(bench::Args),
     /// Show the prompt text and ids a stage call gives the model.
     Prompt(prompt::Args),
 }
@@ -37,6 +40,7 @@ fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Prompt(args) => prompt::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,523 @@
+//! Continuous batching that gives the serial path's tokens (SPEC §4).
+//!
+//! Every admitted row is prefilled ALONE, exactly as the serial path does (B = 1, same chunks,
+//! no padding to other rows), then joins the running set. Each step runs one decode forward
+//! over all running rows; each row attends over its own cache with its own adapters, so its
+//! logits equal the B = 1 ones bit for bit (the model guarantees row independence). Rows that
+//! finish (stop id, `max_tokens`, cancellation) leave at once and drop their caches; waiting
+//! rows join between steps.
+//!
+//! [`Decoder`] is the MLX-side mechanism (also used by the benchmark and the tests);
+//! [`Batched`] drives it from the engine queue. [`select`] runs a start-up self-check and
+//! falls back to the serial backend, saying why, if batched and serial ever disagree.
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::backend::{Backend, BackendInfo, Generate, Intake, Serial};
+use super::model_backend::ModelBackend;
+use super::request::{Completion, Job, StopReason};
+use super::scheduler::{self, after_token, Limits, Verdict};
+use crate::generate::{decode_step, greedy, prefill, GenerateOptions, PREFILL_STEP};
+use crate::lora::{Activation, AdapterRegistry, AdapterStack};
+use crate::model::{ForwardCtx, Model, RowCache};
+use crate::{Error, Result};
+
+/// One row to generate: its prompt ids (rendered), budget and adapters.
+#[derive(Debug, Clone)]
+pub struct RowRequest {
+    /// The prompt ids, as fed to the model.
+    pub prompt: Vec<u32>,
+    /// The most tokens to generate.
+    pub max_tokens: usize,
+    /// The adapters this row runs with (prefill and decode).
+    pub adapters: AdapterStack,
+}
+
+impl RowRequest {
+    /// A base-model row.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> RowRequest {
+        RowRequest {
+            prompt,
+            max_tokens,
+            adapters: AdapterStack::none(),
+        }
+    }
+}
+
+/// A finished row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowOutput {
+    /// Generated ids, without the stop id.
+    pub ids: Vec<u32>,
+    /// Why the row ended.
+    pub stop: StopReason,
+    /// Prompt ids prefilled.
+    pub prompt_tokens: usize,
+    /// Time of the row's prefill.
+    pub prefill_time: Duration,
+    /// Summed time of the decode steps the row took part in.
+    pub decode_time: Duration,
+}
+
+/// A row in the running set: its cache, the token to feed next, what it generated so far.
+pub struct Row<T> {
+    tag: T,
+    cache: RowCache,
+    last: u32,
+    ids: Vec<u32>,
+    max_tokens: usize,
+    adapters: AdapterStack,
+    prompt_tokens: usize,
+    prefill_time: Duration,
+    decode_time: Duration,
+}
+
+impl<T> Row<T> {
+    /// What the caller attached to the row.
+    pub fn tag(&self) -> &T {
+        &self.tag
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The caller's tag back (the cache is dropped).
+    pub fn into_tag(self) -> T {
+        self.tag
+    }
+
+    fn finish(self, stop: StopReason) -> (T, RowOutput) {
+        (
+            self.tag,
+            RowOutput {
+                ids: self.ids,
+                stop,
+                prompt_tokens: self.prompt_tokens,
+                prefill_time: self.prefill_time,
+                decode_time: self.decode_time,
+            },
+        )
+    }
+
+    /// Applies the serial rule to `token`: `Some` when the row ends with it.
+    fn take(mut self, token: u32, stop_ids: &[u32]) -> std::result::Result<Row<T>, (T, RowOutput)> {
+        match after_token(token, self.ids.len(), self.max_tokens, stop_ids) {
+            Verdict::Eos => Err(self.finish(StopReason::Eos)),
+            Verdict::MaxTokens => {
+                self.ids.push(token);
+                Err(self.finish(StopReason::MaxTokens))
+            }
+            Verdict::Continue => {
+                self.ids.push(token);
+                self.last = token;
+                Ok(self)
+            }
+        }
+    }
+}
+
+/// The result of prefilling a row: it runs on, or it already ended (first token).
+pub enum Started<T> {
+    /// The row joins the running set.
+    Running(Row<T>),
+    /// The row ended at its first token.
+    Done(T, RowOutput),
+}
+
+/// A row whose prefill failed: its tag (`job`) and why.
+pub struct StartError<T> {
+    /// The caller's tag.
+    pub job: T,
+    /// The failure.
+    pub error: Error,
+}
+
+/// Prefills rows alone and steps the running set together, on one model.
+pub struct Decoder<'a> {
+    model: &'a Model,
+    stop_ids: &'a [u32],
+    registry: Option<Rc<AdapterRegistry>>,
+    bytes_per_token: Cell<u64>,
+}
+
+impl<'a> Decoder<'a> {
+    /// A decoder stopping at `stop_ids`, base model only.
+    pub fn new(model: &'a Model, stop_ids: &'a [u32]) -> Decoder<'a> {
+        Decoder {
+            model,
+            stop_ids,
+            registry: None,
+            bytes_per_token: Cell::new(0),
+        }
+    }
+
+    /// Rows may name adapters of `registry`.
+    pub fn with_registry(mut self, registry: Rc<AdapterRegistry>) -> Decoder<'a> {
+        self.registry = Some(registry);
+        self
+    }
+
+    fn ctx(&self, stacks: Vec<AdapterStack>) -> Result<ForwardCtx> {
+        match &self.registry {
+            Some(r) => Ok(ForwardCtx::with_adapters(Activation::per_row(
+                r.clone(),
+                stacks,
+            )?)),
+            None if stacks.iter().all(AdapterStack::is_empty) => Ok(ForwardCtx::default()),
+            None => Err(Error::InvalidArgument(
+                "a row asks for adapters but no adapter registry is mounted".into(),
+            )),
+        }
+    }
+
+    /// KV bytes per cached position, learned from the rows prefilled so far (0 = not yet).
+    pub fn bytes_per_token(&self) -> u64 {
+        self.bytes_per_token.get()
+    }
+
+    /// Prefills `req` alone (exactly the serial prefill) and applies the serial rule to its
+    /// first token. On error the tag comes back with it.
+    pub fn start<T>(
+        &self,
+        tag: T,
+        req: RowRequest,
+    ) -> std::result::Result<Started<T>, StartError<T>> {
+        let mut row = Row {
+            tag,
+            cache: self.model.new_cache(),
+            last: 0,
+            ids: Vec::new(),
+            max_tokens: req.max_tokens,
+            adapters: req.adapters.clone(),
+            prompt_tokens: req.prompt.len(),
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        };
+        if req.max_tokens == 0 {
+            let (tag, out) = row.finish(StopReason::MaxTokens);
+            return Ok(Started::Done(tag, out));
+        }
+        let started = Instant::now();
+        let first = match self
+            .ctx(vec![req.adapters])
+            .and_then(|ctx| prefill(self.model, &req.prompt, &mut row.cache, PREFILL_STEP, &ctx))
+        {
+            Ok(first) => first,
+            Err(error) => {
+                return Err(StartError {
+                    job: row.tag,
+                    error,
+                })
+            }
+        };
+        row.prefill_time = started.elapsed();
+        if let Some(per) = (row.cache.nbytes() as u64).checked_div(row.cache.offset() as u64) {
+            self.bytes_per_token
+                .set(self.bytes_per_token.get().max(per));
+        }
+        Ok(match row.take(first, self.stop_ids) {
+            Ok(row) => Started::Running(row),
+            Err((tag, out)) => Started::Done(tag, out),
+        })
+    }
+
+    /// One decode step over every running row; rows that end leave `rows` (dropping their
+    /// caches) and are returned. On error `rows` is left as it was.
+    pub fn step<T>(&self, rows: &mut Vec<Row<T>>) -> Result<Vec<(T, RowOutput)>> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let last: Vec<u32> = rows.iter().map(|r| r.last).collect();
+        let ctx = self.ctx(rows.iter().map(|r| r.adapters.clone()).collect())?;
+        let started = Instant::now();
+        let next = {
+            let mut caches: Vec<&mut RowCache> = rows.iter_mut().map(|r| &mut r.cache).collect();
+            decode_step(self.model, &last, &mut caches, &ctx)?
+        };
+        let took = started.elapsed();
+        if next.len() != rows.len() {
+            return Err(Error::Internal(format!(
+                "a decode step over {} rows returned {} tokens",
+                rows.len(),
+                next.len()
+            )));
+        }
+        let mut done = Vec::new();
+        let mut keep = Vec::with_capacity(rows.len());
+        for (mut row, token) in rows.drain(..).zip(next) {
+            row.decode_time += took;
+            match row.take(token, self.stop_ids) {
+                Ok(row) => keep.push(row),
+                Err(finished) => done.push(finished),
+            }
+        }
+        *rows = keep;
+        Ok(done)
+    }
+
+    /// The estimated final KV bytes of a row.
+    fn kv_need(&self, prompt_tokens: usize, max_tokens: usize) -> u64 {
+        scheduler::row_kv_bytes(prompt_tokens, max_tokens, self.bytes_per_token())
+    }
+
+    /// Runs `reqs` with continuous batching under `limits`; outputs in input order.
+    pub fn run_rows(&self, reqs: Vec<RowRequest>, limits: Limits) -> Vec<Result<RowOutput>> {
+        let mut out: Vec<Option<Result<RowOutput>>> = (0..reqs.len()).map(|_| None).collect();
+        let mut waiting: VecDeque<(usize, RowRequest)> = reqs.into_iter().enumerate().collect();
+        let mut running: Vec<Row<usize>> = Vec::new();
+        loop {
+            let running_need: Vec<u64> = running
+                .iter()
+                .map(|r| self.kv_need(r.prompt_tokens, r.max_tokens))
+                .collect();
+            let waiting_need: Vec<u64> = waiting
+                .iter()
+                .map(|(_, r)| self.kv_need(r.prompt.len(), r.max_tokens))
+                .collect();
+            for _ in 0..scheduler::admit(limits, &running_need, &waiting_need) {
+                let Some((i, req)) = waiting.pop_front() else {
+                    break;
+                };
+                match self.start(i, req) {
+                    Ok(Started::Running(row)) => running.push(row),
+                    Ok(Started::Done(i, o)) => out[i] = Some(Ok(o)),
+                    Err(StartError { job: i, error }) => out[i] = Some(Err(error)),
+                }
+            }
+            if running.is_empty() {
+                if waiting.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            match self.step(&mut running) {
+                Ok(done) => {
+                    for (i, o) in done {
+                        out[i] = Some(Ok(o));
+                    }
+                }
+                Err(e) => {
+                    for row in running.drain(..) {
+                        out[row.tag] = Some(Err(Error::Internal(format!("decode step: {e}"))));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Error::Internal("a row was never run".into()))))
+            .collect()
+    }
+}
+
+/// The batched engine backend over a [`ModelBackend`].
+pub struct Batched {
+    inner: ModelBackend,
+    limits: Limits,
+}
+
+impl Batched {
+    /// Batches up to `width` rows; `kv_budget` bounds the running rows' estimated KV bytes.
+    pub fn new(inner: ModelBackend, width: usize, kv_budget: Option<u64>) -> Batched {
+        Batched {
+            inner,
+            limits: Limits { width, kv_budget },
+        }
+    }
+
+    fn completion(&self, out: RowOutput) -> Result<Completion> {
+        Ok(Completion {
+            text: self.inner.prompter().tokenizer().decode(&out.ids)?,
+            ids: out.ids,
+            prompt_tokens: out.prompt_tokens,
+            stop: out.stop,
+            prefill_time: out.prefill_time,
+            decode_time: out.decode_time,
+        })
+    }
+}
+
+impl Backend for Batched {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            mode: "batched".into(),
+            ..Generate::info(&self.inner)
+        }
+    }
+
+    fn run(&mut self, jobs: Vec<Job>, intake: &mut Intake<'_>) {
+        let decoder = Decoder::new(self.inner.model(), self.inner.stop_ids())
+            .with_registry(self.inner.adapters().clone());
+        let mut waiting: VecDeque<Job> = jobs.into();
+        let mut running: Vec<Row<Job>> = Vec::new();
+        loop {
+            waiting.extend(intake.pull());
+            // Interrupted rows leave at the step boundary; the others are untouched.
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut running)
+                .into_iter()
+                .partition(|r| r.tag().interruption().is_some());
+            running = kept;
+            for row in gone {
+                let job = row.into_tag();
+                let e = job.interruption().unwrap_or(Error::Cancelled);
+                job.finish(Err(e));
+            }
+            let running_need: Vec<u64> = running
+                .iter()
+                .map(|r| decoder.kv_need(r.prompt_tokens, r.max_tokens))
+                .collect();
+            // Prompts are rendered at admission; a length estimate of 0 for waiting rows keeps
+            // the order (the budget check then uses max_tokens only until they are rendered).
+            let waiting_need: Vec<u64> = waiting
+                .iter()
+                .map(|j| decoder.kv_need(0, j.max_tokens))
+                .collect();
+            for _ in 0..scheduler::admit(self.limits, &running_need, &waiting_need) {
+                let Some(job) = waiting.pop_front() else {
+                    break;
+                };
+                if let Some(e) = job.interruption() {
+                    job.finish(Err(e));
+                    continue;
+                }
+                let prompt = match self.inner.prompt_for(&job) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        job.finish(Err(e));
+                        continue;
+                    }
+                };
+                let req = RowRequest {
+                    prompt,
+                    max_tokens: job.max_tokens,
+                    adapters: self.inner.stage_stack(&job.stage),
+                };
+                match decoder.start(job, req) {
+                    Ok(Started::Running(row)) => running.push(row),
+                    Ok(Started::Done(job, out)) => {
+                        let result = self.completion(out);
+                        job.finish(result);
+                    }
+                    Err(StartError { job, error }) => job.finish(Err(error)),
+                }
+            }
+            if running.is_empty() {
+                if waiting.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            match decoder.step(&mut running) {
+                Ok(done) => {
+                    for (job, out) in done {
+                        let result = self.completion(out);
+                        job.finish(result);
+                    }
+                }
+                Err(e) => {
+                    for row in running.drain(..) {
+                        row.into_tag()
+                            .finish(Err(Error::Internal(format!("decode step: {e}"))));
+                    }
+                }
+            }
+        }
+    }
+
+    fn peak_memory(&self) -> Option<u64> {
+        Generate::peak_memory(&self.inner)
+    }
+}
+
+/// The serial backend standing in for a batched one whose self-check failed.
+struct Fallback {
+    serial: Serial<ModelBackend>,
+    why: String,
+}
+
+impl Backend for Fallback {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            mode: format!("serial (fallback: {})", self.why),
+            ..self.serial.info()
+        }
+    }
+
+    fn run(&mut self, jobs: Vec<Job>, intake: &mut Intake<'_>) {
+        self.serial.run(jobs, intake)
+    }
+
+    fn peak_memory(&self) -> Option<u64> {
+        self.serial.peak_memory()
+    }
+}
+
+/// Mixed-length probe rows (one past the 32-token sliding window of the Gemma fixtures, one
+/// that joins late because the width is exceeded) with different budgets.
+fn probes(vocab: usize) -> Vec<RowRequest> {
+    let span = vocab.clamp(3, 3000) as u32 - 2;
+    [(5usize, 4usize), (40, 3), (12, 5), (3, 2), (70, 4)]
+        .iter()
+        .enumerate()
+        .map(|(r, &(len, max_tokens))| {
+            let ids = (0..len as u32)
+                .map(|t| 2 + (t * 37 + 11 * r as u32 + 5) % span)
+                .collect();
+            RowRequest::new(ids, max_tokens)
+        })
+        .collect()
+}
+
+/// Why batched and serial disagree on the probes, or `None` when they agree token for token.
+pub fn self_check(model: &Model, stop_ids: &[u32], width: usize) -> Option<String> {
+    let reqs = probes(model.info().vocab_size);
+    let limits = Limits {
+        width: width.min(reqs.len() - 1).max(2),
+        kv_budget: None,
+    };
+    let batched = Decoder::new(model, stop_ids).run_rows(reqs.clone(), limits);
+    for (i, (req, got)) in reqs.into_iter().zip(batched).enumerate() {
+        let opts = GenerateOptions {
+            max_tokens: req.max_tokens,
+            stop_ids: Some(stop_ids.to_vec()),
+            ..GenerateOptions::default()
+        };
+        let serial = match greedy(model, &req.prompt, opts) {
+            Ok(g) => g.ids,
+            Err(e) => return Some(format!("probe {i}: serial run failed: {e}")),
+        };
+        let got = match got {
+            Ok(o) => o.ids,
+            Err(e) => return Some(format!("probe {i}: batched run failed: {e}")),
+        };
+        if got != serial {
+            let at = got.iter().zip(&serial).take_while(|(a, b)| a == b).count();
+            return Some(format!(
+                "probe {i} ({} prompt ids): batched differs from serial at token {at}",
+                req.prompt.len()
+            ));
+        }
+    }
+    None
+}
+
+/// The backend for `width`: serial at width 1; batched when the self-check passes, else the
+/// serial path with the reason in its mode.
+pub fn select(inner: ModelBackend, width: usize) -> Box<dyn Backend> {
+    if width <= 1 {
+        return Box::new(Serial(inner));
+    }
+    match self_check(inner.model(), inner.stop_ids(), width) {
+        None => Box::new(Batched::new(inner, width, None)),
+        Some(why) => {
+            tracing::warn!("batched decoding disabled: {why}");
+            Box::new(Fallback {
+                serial: Serial(inner),
+                why,
+            })
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The batching decisions, free of MLX so they can be tested alone: which waiting rows join the
+//! running set before a decode step (batch width and a KV-memory budget, first come first
+//! served), and whether a row ends after a token (stop id, or `max_tokens` reached).
+//!
+//! Admission never reorders: a row that does not fit blocks the rows behind it, so a long
+//! prompt is never starved by a stream of short ones.
+
+/// What admission is bounded by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The most rows decoding together (0 is treated as 1).
+    pub width: usize,
+    /// The most KV-cache bytes the running rows may hold together, estimated; `None`: no bound.
+    pub kv_budget: Option<u64>,
+}
+
+/// How many rows at the front of `waiting` to admit now, given the KV bytes each running and
+/// waiting row is estimated to need at its end.
+///
+/// At least one row is admitted when nothing runs and something waits, even over the budget:
+/// the serial path would run that row too, and refusing it would stall the queue forever.
+pub fn admit(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
+    let width = limits.width.max(1);
+    let mut bytes: u64 = running.iter().sum();
+    let mut n = 0;
+    for &need in waiting {
+        let rows = running.len() + n;
+        if rows >= width {
+            break;
+        }
+        if let Some(budget) = limits.kv_budget {
+            if rows > 0 && bytes.saturating_add(need) > budget {
+                break;
+            }
+        }
+        bytes = bytes.saturating_add(need);
+        n += 1;
+    }
+    n
+}
+
+/// Estimated KV bytes of a row that will hold `prompt + max_tokens` positions, at
+/// `bytes_per_token` (an upper bound: sliding-window layers stop growing at their window).
+pub fn row_kv_bytes(prompt_tokens: usize, max_tokens: usize, bytes_per_token: u64) -> u64 {
+    (prompt_tokens as u64)
+        .saturating_add(max_tokens as u64)
+        .saturating_mul(bytes_per_token)
+}
+
+/// What a row does after producing `token` (serial greedy's rule, SPEC §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// `token` is a stop id: the row ends without it.
+    Eos,
+    /// `token` is kept and it was the last one allowed.
+    MaxTokens,
+    /// `token` is kept and the row decodes on.
+    Continue,
+}
+
+/// The verdict for `token` when the row already holds `generated` tokens.
+pub fn after_token(token: u32, generated: usize, max_tokens: usize, stop_ids: &[u32]) -> Verdict {
+    if stop_ids.contains(&token) {
+        Verdict::Eos
+    } else if generated + 1 >= max_tokens {
+        Verdict::MaxTokens
+    } else {
+        Verdict::Continue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim(width: usize, kv_budget: Option<u64>) -> Limits {
+        Limits { width, kv_budget }
+    }
+
+    #[test]
+    fn width_bounds_admission() {
+        assert_eq!(admit(lim(4, None), &[], &[1; 10]), 4);
+        assert_eq!(admit(lim(4, None), &[1, 1, 1], &[1; 10]), 1);
+        assert_eq!(admit(lim(4, None), &[1; 4], &[1; 10]), 0);
+        assert_eq!(admit(lim(4, None), &[], &[1, 1]), 2);
+        assert_eq!(admit(lim(0, None), &[], &[1, 1]), 1);
+    }
+
+    #[test]
+    fn budget_bounds_admission_in_order() {
+        // 60 running + 30 fits 100; the next 30 would not, and the 5 behind it must wait too.
+        assert_eq!(admit(lim(8, Some(100)), &[60], &[30, 30, 5]), 1);
+        assert_eq!(admit(lim(8, Some(100)), &[], &[50, 50, 1]), 2);
+    }
+
+    #[test]
+    fn an_oversized_row_runs_alone() {
+        assert_eq!(admit(lim(8, Some(100)), &[], &[500, 1]), 1);
+        assert_eq!(admit(lim(8, Some(100)), &[1], &[500]), 0);
+    }
+
+    #[test]
+    fn nothing_waiting_admits_nothing() {
+        assert_eq!(admit(lim(8, Some(1)), &[], &[]), 0);
+    }
+
+    #[test]
+    fn verdicts_follow_the_serial_rule() {
+        assert_eq!(after_token(1, 0, 5, &[1, 106]), Verdict::Eos);
+        // A stop id ends the row even when it would be the last allowed token.
+        assert_eq!(after_token(106, 4, 5, &[1, 106]), Verdict::Eos);
+        assert_eq!(after_token(7, 4, 5, &[1]), Verdict::MaxTokens);
+        assert_eq!(after_token(7, 0, 1, &[1]), Verdict::MaxTokens);
+        assert_eq!(after_token(7, 3, 5, &[1]), Verdict::Continue);
+    }
+
+    #[test]
+    fn kv_estimate_saturates() {
+        assert_eq!(row_kv_bytes(10, 6, 100), 1600);
+        assert_eq!(row_kv_bytes(usize::MAX, 1, u64::MAX), u64::MAX);
+    }
+}
