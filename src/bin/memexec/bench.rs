@@ -244,7 +244,10 @@ pub fn run(args: Args) -> Result<()> {
             .collect();
         // Warm-up, untimed: every batch shape once, on the prompts' first 16 ids (full
         // prefills here would double the run time on CPU).
-        let heads: Vec<Vec<u32>> = prompts.iter().map(|p| p[..p.len().min(16)].to_vec()).collect();
+        let heads: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| p[..p.len().min(16)].to_vec())
+            .collect();
         for &mode in &modes {
             measure(&backend, &heads, max_tokens.min(3), mode)?;
         }
