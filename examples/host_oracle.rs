@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use memexec::generate::{greedy, GenerateOptions, StopReason};
-use memexec::model::Model;
+use memexec::model::{Model, WeightChoice};
 use memexec::prompt::{LocalInput, Prompter};
 use serde_json::{json, Value};
 
@@ -17,7 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let model_dir = PathBuf::from(model_dir);
     let cases: Value = serde_json::from_str(&std::fs::read_to_string(cases)?)?;
-    let model = Model::load(&model_dir)?;
+    // The form the engine picks by default (`weights: "auto"`), so answers compare like for like.
+    let model = Model::load_with(&model_dir, WeightChoice::Auto)?;
     let prompter = Prompter::from_dir(&model_dir)?;
     let mut stop_ids = model.info().eos_token_ids.clone();
     if let Some(eos) = prompter.tokenizer().eos() {

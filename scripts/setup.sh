@@ -41,10 +41,30 @@ if ! "$VENV/bin/python" -c "import mlx_lm, mlx.core, jinja2, gguf" >/dev/null 2>
     "jinja2==3.1.6" "gguf==0.17.1" "numpy<3"
 fi
 
-# 4. Later stages (JS tooling, fixtures) hook in here.
+# 4. A real BLAS under MLX's CPU backend. The wheels bundle the reference (netlib) BLAS, which
+# runs f32 matmuls ~3x slower than Debian's multi-threaded OpenBLAS and cannot amortize a weight
+# read over batch rows. MLX loads it by its wheel-private file name, so that file becomes a link
+# to OpenBLAS, for memexec (.deps/mlx-cpu) and for the mlx-lm oracle (the venv) alike: both must
+# run the same kernels, or the oracle's attention matmuls would round differently.
+OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
+if [ -f "$OPENBLAS" ]; then
+  for libs in "$DEPS/mlx-cpu/mlx_cpu.libs" "$VENV"/lib/python3*/site-packages/mlx_cpu.libs; do
+    for blas in "$libs"/libblas-*.so.*; do
+      [ -e "$blas" ] || continue
+      [ "$(readlink "$blas")" = "$OPENBLAS" ] && continue
+      log "linking $(basename "$blas") -> OpenBLAS"
+      ln -sf "$OPENBLAS" "$blas"
+    done
+  done
+else
+  log "warning: $OPENBLAS missing; MLX keeps the reference BLAS (slow dense matmuls)"
+fi
+export MEMEXEC_BLAS=$(readlink -f "$DEPS"/mlx-cpu/mlx_cpu.libs/libblas-*.so.* 2>/dev/null | head -1)
+
+# 5. Later stages (JS tooling, fixtures) hook in here.
 for step in scripts/setup.d/*.sh; do
   [ -e "$step" ] || continue
   log "running $step"
-  ROOT=$ROOT DEPS=$DEPS VENV=$VENV bash "$step"
+  ROOT=$ROOT DEPS=$DEPS VENV=$VENV MEMEXEC_BLAS=$MEMEXEC_BLAS bash "$step"
 done
 log "ok"

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::model::WeightChoice;
 use crate::{Error, Result};
 
 /// The environment variable the TypeScript pipeline already uses for the batch width.
@@ -36,6 +37,10 @@ pub struct Config {
     /// Where MLX runs.
     #[serde(default)]
     pub device: DeviceChoice,
+    /// The form of the quantized matrices in memory: "auto" (default), "quantized" or "dense"
+    /// (see [`crate::model::weight_form`]).
+    #[serde(default)]
+    pub weights: WeightChoice,
     /// Limits on what a caller may ask for.
     #[serde(default)]
     pub limits: Limits,
@@ -122,6 +127,7 @@ impl Config {
             stages: BTreeMap::new(),
             batch_width: default_batch_width(),
             device: DeviceChoice::Default,
+            weights: WeightChoice::Auto,
             limits: Limits::default(),
         }
     }

@@ -2,7 +2,8 @@
 //! (`generate::greedy`, itself checked against mlx-lm in model_parity): mixed prompt lengths
 //! (3..300, past the 32-token sliding window), rows ending at different steps, rows joining
 //! mid-decode, mixed adapters per row, a cancelled row, and through the engine. Also: many
-//! small batches do not grow MLX's active memory. Needs .deps/fixtures (scripts/setup.sh).
+//! small batches do not grow MLX's active memory. Every check runs with the matrices packed and
+//! dense (`WeightChoice`). Needs .deps/fixtures (scripts/setup.sh).
 mod model_support;
 
 use std::rc::Rc;
@@ -13,13 +14,18 @@ use memexec::engine::scheduler::Limits;
 use memexec::engine::{CallOptions, Decoder, Engine, LocalInput, RowRequest};
 use memexec::generate::{greedy, GenerateOptions};
 use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
-use memexec::model::Model;
+use memexec::model::{Model, WeightChoice};
 use model_support::{fixtures_dir, model_dir};
 
 const FIXTURE: &str = "tiny-gemma4-q4-f32";
 
-fn model() -> Model {
-    Model::load(&model_dir(FIXTURE)).expect("load tiny fixture")
+/// Both forms of the matrices: the packed 4-bit kernel (mlx-lm's path) and the dense BLAS
+/// path, whose kernels depend on the row count unless padded (`linear::padded_rows`).
+const FORMS: [WeightChoice; 2] = [WeightChoice::Quantized, WeightChoice::Dense];
+
+fn model(form: WeightChoice) -> Model {
+    eprintln!("weights: {form:?}");
+    Model::load_with(&model_dir(FIXTURE), form).expect("load tiny fixture")
 }
 
 /// Deterministic prompt ids of `len` tokens (row `r` varies the pattern).
@@ -61,160 +67,170 @@ fn mixed_rows() -> Vec<RowRequest> {
 
 #[test]
 fn mixed_batches_equal_serial_at_every_width() {
-    let model = model();
-    let stop = model.info().eos_token_ids.clone();
-    let rows = mixed_rows();
-    let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, None)).collect();
-    assert!(want.iter().any(|w| w.len() > 3), "the rows should generate");
-    let decoder = Decoder::new(&model, &stop);
-    // Width 3 makes rows join as others leave (different max_tokens end them at different steps).
-    for width in [1, 3, 8, 16] {
-        let got = decoder.run_rows(
-            rows.clone(),
-            Limits {
-                width,
-                kv_budget: None,
-            },
-        );
-        for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-            assert_eq!(&g.expect("row").ids, w, "width {width}, row {i}");
+    for form in FORMS {
+        let model = model(form);
+        let stop = model.info().eos_token_ids.clone();
+        let rows = mixed_rows();
+        let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, None)).collect();
+        assert!(want.iter().any(|w| w.len() > 3), "the rows should generate");
+        let decoder = Decoder::new(&model, &stop);
+        // Width 3 makes rows join as others leave (different max_tokens end them at different steps).
+        for width in [1, 3, 8, 16] {
+            let got = decoder.run_rows(
+                rows.clone(),
+                Limits {
+                    width,
+                    kv_budget: None,
+                },
+            );
+            for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+                assert_eq!(&g.expect("row").ids, w, "width {width}, row {i}");
+            }
         }
     }
 }
 
 #[test]
 fn a_kv_budget_still_gives_serial_tokens() {
-    let model = model();
-    let stop = model.info().eos_token_ids.clone();
-    let rows = mixed_rows();
-    let decoder = Decoder::new(&model, &stop);
-    // Learn bytes per token, then allow about two rows' worth.
-    let first = decoder.run_rows(
-        vec![rows[0].clone()],
-        Limits {
-            width: 1,
-            kv_budget: None,
-        },
-    );
-    assert!(first[0].is_ok());
-    let budget = decoder.bytes_per_token() * 400;
-    assert!(budget > 0);
-    let got = decoder.run_rows(
-        rows.clone(),
-        Limits {
-            width: 8,
-            kv_budget: Some(budget),
-        },
-    );
-    for (i, (g, r)) in got.into_iter().zip(&rows).enumerate() {
-        assert_eq!(g.expect("row").ids, serial(&model, r, None), "row {i}");
+    for form in FORMS {
+        let model = model(form);
+        let stop = model.info().eos_token_ids.clone();
+        let rows = mixed_rows();
+        let decoder = Decoder::new(&model, &stop);
+        // Learn bytes per token, then allow about two rows' worth.
+        let first = decoder.run_rows(
+            vec![rows[0].clone()],
+            Limits {
+                width: 1,
+                kv_budget: None,
+            },
+        );
+        assert!(first[0].is_ok());
+        let budget = decoder.bytes_per_token() * 400;
+        assert!(budget > 0);
+        let got = decoder.run_rows(
+            rows.clone(),
+            Limits {
+                width: 8,
+                kv_budget: Some(budget),
+            },
+        );
+        for (i, (g, r)) in got.into_iter().zip(&rows).enumerate() {
+            assert_eq!(g.expect("row").ids, serial(&model, r, None), "row {i}");
+        }
     }
 }
 
 #[test]
 fn rows_joining_mid_decode_and_a_dropped_row_leave_the_others_exact() {
-    let model = model();
-    let stop = model.info().eos_token_ids.clone();
-    let decoder = Decoder::new(&model, &stop);
-    let reqs: Vec<RowRequest> = [(40, 10), (5, 10), (90, 10), (12, 10)]
-        .iter()
-        .enumerate()
-        .map(|(r, &(len, max))| RowRequest::new(ids(len, 100 + r as u32), max))
-        .collect();
-    let want: Vec<Vec<u32>> = reqs.iter().map(|r| serial(&model, r, None)).collect();
-    let mut running = Vec::new();
-    let mut got: Vec<Option<Vec<u32>>> = vec![None; reqs.len()];
-    let start =
-        |i: usize, running: &mut Vec<Row<usize>>, got: &mut Vec<Option<Vec<u32>>>| match decoder
-            .start(i, reqs[i].clone())
-        {
-            Ok(Started::Running(row)) => running.push(row),
-            Ok(Started::Done(i, out)) => got[i] = Some(out.ids),
-            Err(e) => panic!("start {i}: {}", e.error),
+    for form in FORMS {
+        let model = model(form);
+        let stop = model.info().eos_token_ids.clone();
+        let decoder = Decoder::new(&model, &stop);
+        let reqs: Vec<RowRequest> = [(40, 10), (5, 10), (90, 10), (12, 10)]
+            .iter()
+            .enumerate()
+            .map(|(r, &(len, max))| RowRequest::new(ids(len, 100 + r as u32), max))
+            .collect();
+        let want: Vec<Vec<u32>> = reqs.iter().map(|r| serial(&model, r, None)).collect();
+        let mut running = Vec::new();
+        let mut got: Vec<Option<Vec<u32>>> = vec![None; reqs.len()];
+        let start = |i: usize, running: &mut Vec<Row<usize>>, got: &mut Vec<Option<Vec<u32>>>| {
+            match decoder.start(i, reqs[i].clone()) {
+                Ok(Started::Running(row)) => running.push(row),
+                Ok(Started::Done(i, out)) => got[i] = Some(out.ids),
+                Err(e) => panic!("start {i}: {}", e.error),
+            }
         };
-    start(0, &mut running, &mut got);
-    start(1, &mut running, &mut got);
-    for step in 0..12 {
-        if step == 2 {
-            start(2, &mut running, &mut got);
+        start(0, &mut running, &mut got);
+        start(1, &mut running, &mut got);
+        for step in 0..12 {
+            if step == 2 {
+                start(2, &mut running, &mut got);
+            }
+            if step == 3 {
+                // Row 1 is "cancelled": it leaves the running set with its cache.
+                running.retain(|r| *r.tag() != 1);
+            }
+            if step == 4 {
+                start(3, &mut running, &mut got);
+            }
+            for (i, out) in decoder.step(&mut running).expect("step") {
+                got[i] = Some(out.ids);
+            }
         }
-        if step == 3 {
-            // Row 1 is "cancelled": it leaves the running set with its cache.
-            running.retain(|r| *r.tag() != 1);
+        while !running.is_empty() {
+            for (i, out) in decoder.step(&mut running).expect("step") {
+                got[i] = Some(out.ids);
+            }
         }
-        if step == 4 {
-            start(3, &mut running, &mut got);
+        for i in [0, 2, 3] {
+            assert_eq!(got[i].as_ref(), Some(&want[i]), "row {i}");
         }
-        for (i, out) in decoder.step(&mut running).expect("step") {
-            got[i] = Some(out.ids);
-        }
+        assert_eq!(got[1], None, "the dropped row must not finish");
     }
-    while !running.is_empty() {
-        for (i, out) in decoder.step(&mut running).expect("step") {
-            got[i] = Some(out.ids);
-        }
-    }
-    for i in [0, 2, 3] {
-        assert_eq!(got[i].as_ref(), Some(&want[i]), "row {i}");
-    }
-    assert_eq!(got[1], None, "the dropped row must not finish");
 }
 
 #[test]
 fn mixed_adapters_in_one_batch_equal_their_serial_runs() {
-    let model = model();
-    let stop = model.info().eos_token_ids.clone();
-    let mut reg = AdapterRegistry::new(model.linear_modules());
-    let names = ["lora-default", "lora-attn-mlp", "lora-ple"];
-    let ids_of: Vec<_> = names
-        .iter()
-        .map(|n| {
-            let d = fixtures_dir().join("adapters").join(n);
-            assert!(d.is_dir(), "{} missing: run scripts/setup.sh", d.display());
-            reg.mount(&d).expect("mount")
-        })
-        .collect();
-    let reg = Rc::new(reg);
-    let stacks = [
-        AdapterStack::none(),
-        AdapterStack::single(ids_of[0]),
-        AdapterStack::single(ids_of[1]),
-        AdapterStack::new(vec![ids_of[2], ids_of[0]]),
-        AdapterStack::none(),
-    ];
-    let rows: Vec<RowRequest> = stacks
-        .iter()
-        .enumerate()
-        .map(|(r, s)| RowRequest {
-            prompt: ids(10 + 23 * r, 200 + r as u32),
-            max_tokens: 5 + r,
-            adapters: s.clone(),
-        })
-        .collect();
-    let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, Some(&reg))).collect();
-    let decoder = Decoder::new(&model, &stop).with_registry(reg.clone());
-    let got = decoder.run_rows(
-        rows,
-        Limits {
-            width: 4,
-            kv_budget: None,
-        },
-    );
-    for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-        assert_eq!(&g.expect("row").ids, w, "row {i}");
+    for form in FORMS {
+        let model = model(form);
+        let stop = model.info().eos_token_ids.clone();
+        let mut reg = AdapterRegistry::new(model.linear_modules());
+        let names = ["lora-default", "lora-attn-mlp", "lora-ple"];
+        let ids_of: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let d = fixtures_dir().join("adapters").join(n);
+                assert!(d.is_dir(), "{} missing: run scripts/setup.sh", d.display());
+                reg.mount(&d).expect("mount")
+            })
+            .collect();
+        let reg = Rc::new(reg);
+        let stacks = [
+            AdapterStack::none(),
+            AdapterStack::single(ids_of[0]),
+            AdapterStack::single(ids_of[1]),
+            AdapterStack::new(vec![ids_of[2], ids_of[0]]),
+            AdapterStack::none(),
+        ];
+        let rows: Vec<RowRequest> = stacks
+            .iter()
+            .enumerate()
+            .map(|(r, s)| RowRequest {
+                prompt: ids(10 + 23 * r, 200 + r as u32),
+                max_tokens: 5 + r,
+                adapters: s.clone(),
+            })
+            .collect();
+        let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, Some(&reg))).collect();
+        let decoder = Decoder::new(&model, &stop).with_registry(reg.clone());
+        let got = decoder.run_rows(
+            rows,
+            Limits {
+                width: 4,
+                kv_budget: None,
+            },
+        );
+        for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+            assert_eq!(&g.expect("row").ids, w, "row {i}");
+        }
     }
 }
 
 #[test]
 fn the_self_check_passes_on_the_fixture() {
-    let model = model();
-    let stop = model.info().eos_token_ids.clone();
-    assert_eq!(self_check(&model, &stop, 4), None);
+    for form in FORMS {
+        let model = model(form);
+        let stop = model.info().eos_token_ids.clone();
+        assert_eq!(self_check(&model, &stop, 4), None);
+    }
 }
 
-fn engine(width: usize) -> Engine {
+fn engine(width: usize, form: WeightChoice) -> Engine {
     let mut config = Config::for_model(model_dir(FIXTURE));
     config.batch_width = width;
+    config.weights = form;
     Engine::new(config).expect("engine")
 }
 
@@ -234,69 +250,80 @@ fn the_engine_batches_exactly_and_reports_its_mode() {
     let opts = CallOptions {
         max_tokens: Some(6),
     };
-    let serial = engine(1);
-    assert_eq!(serial.stats().mode, "serial");
-    let want: Vec<Vec<u32>> = inputs()
-        .into_iter()
-        .map(|x| serial.call("entity", x, opts).expect("serial call").ids)
-        .collect();
-    drop(serial);
+    for form in FORMS {
+        let serial = engine(1, form);
+        assert_eq!(serial.stats().mode, "serial");
+        let want: Vec<Vec<u32>> = inputs()
+            .into_iter()
+            .map(|x| serial.call("entity", x, opts).expect("serial call").ids)
+            .collect();
+        drop(serial);
 
-    let batched = engine(4);
-    assert_eq!(batched.stats().mode, "batched");
-    // Two submissions: the second joins while the first decodes; one of a third is cancelled.
-    let first = batched
-        .submit_batch("entity", inputs()[..4].to_vec(), opts)
-        .expect("submit");
-    let second = batched
-        .submit_batch("entity", inputs()[4..].to_vec(), opts)
-        .expect("submit");
-    let doomed = batched
-        .submit(
-            "entity",
-            LocalInput::user("cancel me"),
-            CallOptions {
-                max_tokens: Some(50),
-            },
-        )
-        .expect("submit");
-    doomed.cancel();
-    let mut got = first.wait().expect("first batch");
-    got.extend(second.wait().expect("second batch"));
-    let got: Vec<Vec<u32>> = got.into_iter().map(|c| c.ids).collect();
-    assert_eq!(got, want);
-    assert!(matches!(doomed.wait(), Err(memexec::Error::Cancelled)));
-    let stats = batched.stats();
-    assert_eq!(stats.completed, 6);
-    assert_eq!(stats.cancelled, 1);
+        let batched = engine(4, form);
+        assert_eq!(batched.stats().mode, "batched");
+        // Two submissions: the second joins while the first decodes; one of a third is cancelled.
+        let first = batched
+            .submit_batch("entity", inputs()[..4].to_vec(), opts)
+            .expect("submit");
+        let second = batched
+            .submit_batch("entity", inputs()[4..].to_vec(), opts)
+            .expect("submit");
+        let doomed = batched
+            .submit(
+                "entity",
+                LocalInput::user("cancel me"),
+                CallOptions {
+                    max_tokens: Some(50),
+                },
+            )
+            .expect("submit");
+        doomed.cancel();
+        let mut got = first.wait().expect("first batch");
+        got.extend(second.wait().expect("second batch"));
+        let got: Vec<Vec<u32>> = got.into_iter().map(|c| c.ids).collect();
+        assert_eq!(got, want);
+        assert!(matches!(doomed.wait(), Err(memexec::Error::Cancelled)));
+        let stats = batched.stats();
+        assert_eq!(stats.completed, 6);
+        assert_eq!(stats.cancelled, 1);
+        let want_form = if form == WeightChoice::Dense {
+            "dense"
+        } else {
+            "quantized"
+        };
+        assert_eq!(stats.weights, want_form);
+    }
 }
 
 #[test]
 fn many_small_batches_do_not_grow_active_memory() {
-    let model = model();
-    let stop = model.info().eos_token_ids.clone();
-    let decoder = Decoder::new(&model, &stop);
-    let batch = |k: u32| {
-        vec![
-            RowRequest::new(ids(6 + (k % 5) as usize, k), 3),
-            RowRequest::new(ids(20, k + 1), 2),
-        ]
-    };
-    let limits = Limits {
-        width: 2,
-        kv_budget: None,
-    };
-    for k in 0..20 {
-        assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
+    // The default CPU form (dense); 1000 batches in both forms would double a slow test.
+    {
+        let model = model(WeightChoice::Dense);
+        let stop = model.info().eos_token_ids.clone();
+        let decoder = Decoder::new(&model, &stop);
+        let batch = |k: u32| {
+            vec![
+                RowRequest::new(ids(6 + (k % 5) as usize, k), 3),
+                RowRequest::new(ids(20, k + 1), 2),
+            ]
+        };
+        let limits = Limits {
+            width: 2,
+            kv_budget: None,
+        };
+        for k in 0..20 {
+            assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
+        }
+        let before = mlx_rs::memory::active_memory().expect("active memory");
+        for k in 0..1000 {
+            assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
+        }
+        let after = mlx_rs::memory::active_memory().expect("active memory");
+        // One row's KV on this model is a few kB: 1000 leaked batches would add far more than this.
+        assert!(
+            after <= before + 256 * 1024,
+            "active memory grew from {before} to {after} bytes over 1000 batches"
+        );
     }
-    let before = mlx_rs::memory::active_memory().expect("active memory");
-    for k in 0..150 {
-        assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
-    }
-    let after = mlx_rs::memory::active_memory().expect("active memory");
-    // One row's KV on this model is a few kB: 150 leaked batches would add far more than this.
-    assert!(
-        after <= before + 256 * 1024,
-        "active memory grew from {before} to {after} bytes over 150 batches"
-    );
 }

@@ -34,6 +34,7 @@ impl Generate for Fake {
         BackendInfo {
             mode: "serial".into(),
             max_context: 64,
+            weights: "quantized".into(),
             prompter: None,
         }
     }
@@ -314,6 +315,7 @@ impl Backend for Stepper {
         BackendInfo {
             mode: "batched".into(),
             max_context: 64,
+            weights: "quantized".into(),
             prompter: None,
         }
     }

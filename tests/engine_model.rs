@@ -8,7 +8,7 @@ use std::sync::Arc;
 use memexec::config::Config;
 use memexec::engine::{CallOptions, Engine, LocalInput, ModelBackend};
 use memexec::generate::{greedy, GenerateOptions};
-use memexec::model::Model;
+use memexec::model::{Model, WeightChoice};
 use memexec::prompt::Prompter;
 use memexec::Error;
 
@@ -38,7 +38,8 @@ fn inputs() -> Vec<(&'static str, LocalInput, usize)> {
 
 /// The serial reference through the Rust API.
 fn serial_texts(dir: &std::path::Path, stop_ids: &[u32]) -> Vec<String> {
-    let model = Model::load(dir).unwrap();
+    // The form the engine picks by default (`weights: "auto"`).
+    let model = Model::load_with(dir, WeightChoice::Auto).unwrap();
     let prompter = Prompter::from_dir(dir).unwrap();
     inputs()
         .iter()

@@ -1,9 +1,10 @@
 //! A batched decode step (B rows, one token each, each row with its own cache) computes, for
-//! every row, exactly the logits of the B = 1 step: bit for bit on the f32 fixture.
+//! every row, exactly the logits of the B = 1 step: bit for bit on the f32 fixture, with the
+//! matrices packed (4-bit kernel) and dense (BLAS).
 mod model_support;
 
 use memexec::generate::{argmax_rows, prefill, PREFILL_STEP};
-use memexec::model::{ForwardCtx, Model, RowCache};
+use memexec::model::{ForwardCtx, Model, RowCache, WeightChoice};
 use mlx_rs::Array;
 use model_support::{model_dir, oracle};
 
@@ -20,8 +21,18 @@ fn logits_rows(a: &Array) -> Vec<Vec<f32>> {
 
 #[test]
 fn batched_decode_equals_serial_bit_for_bit() {
+    batched_decode_equals_serial_in(WeightChoice::Quantized);
+}
+
+/// The dense BLAS form: the row padding of dense products must make rows batch-independent.
+#[test]
+fn batched_decode_equals_serial_bit_for_bit_dense() {
+    batched_decode_equals_serial_in(WeightChoice::Dense);
+}
+
+fn batched_decode_equals_serial_in(form: WeightChoice) {
     let fixture = "tiny-gemma4-q4-f32";
-    let model = Model::load(&model_dir(fixture)).expect("load");
+    let model = Model::load_with(&model_dir(fixture), form).expect("load");
     let oracle = oracle(fixture);
     let ctx = ForwardCtx::default();
     // Rows at different offsets: before, at and well past the 32-token window, plus a fresh row.

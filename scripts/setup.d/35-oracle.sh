@@ -28,7 +28,8 @@ t0=$SECONDS
 for job in "${JOBS[@]}"; do
   IFS='|' read -r name dep args <<<"$job"
   [ -f "$FIX/$dep" ] || { log "missing $FIX/$dep (run scripts/setup.d/30-fixtures.sh first)"; exit 1; }
-  H=$( (stamp_hash scripts/fixtures/oracle.py "$FIX/$dep"; echo "$args") | sha256sum | cut -d' ' -f1)
+  # MEMEXEC_BLAS: the BLAS MLX runs on (see setup.sh); its kernels shape the oracle's numbers.
+  H=$( (stamp_hash scripts/fixtures/oracle.py "$FIX/$dep"; echo "$args ${MEMEXEC_BLAS:-}") | sha256sum | cut -d' ' -f1)
   if stamp_ok "$OUT/.stamp-$name" "$H" "$OUT/$name.json"; then
     continue
   fi

@@ -34,6 +34,9 @@ pub struct BackendInfo {
     pub mode: String,
     /// The model's context length in tokens.
     pub max_context: usize,
+    /// The form the model's matrices run in ("quantized" / "dense", see
+    /// [`crate::model::weight_form`]).
+    pub weights: String,
     /// The backend's prompter (tokenizer + template + stages, no MLX state): shared so that
     /// prompt questions are answered on the caller's thread, without queueing.
     pub prompter: Option<std::sync::Arc<crate::prompt::Prompter>>,

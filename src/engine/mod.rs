@@ -82,6 +82,7 @@ impl Engine {
                     let info = backend.info();
                     if let Ok(mut s) = stats.lock() {
                         s.mode = info.mode.clone();
+                        s.weights = info.weights.clone();
                         s.load_seconds = started.elapsed().as_secs_f64();
                     }
                     if loaded_tx.send(Ok(info)).is_err() {

@@ -67,7 +67,7 @@ impl ModelBackend {
     /// Loads model, tokenizer, template and stage registry of `config`.
     pub fn load(config: &Config) -> Result<ModelBackend> {
         select_device(config.device)?;
-        let model = Model::load(&config.model_dir)?;
+        let model = Model::load_with(&config.model_dir, config.weights)?;
         let adapters = mount_adapters(config, &model)?;
         let mut stage_adapters = BTreeMap::new();
         for (stage, spec) in &config.stages {
@@ -151,6 +151,7 @@ impl Generate for ModelBackend {
         BackendInfo {
             mode: "serial".into(),
             max_context: self.model.info().max_context,
+            weights: self.model.info().weight_form.name().into(),
             prompter: Some(self.prompter.clone()),
         }
     }

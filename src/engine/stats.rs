@@ -10,6 +10,8 @@ use crate::{Error, Result};
 pub struct Stats {
     /// Generation mode the backend runs ("serial", "batched", ...).
     pub mode: String,
+    /// The form the model's matrices run in ("quantized" or "dense").
+    pub weights: String,
     /// Configured batch width.
     pub batch_width: usize,
     /// Seconds the loader took (model, tokenizer, template, adapters).

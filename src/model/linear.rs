@@ -1,6 +1,7 @@
 //! Linear layers (dense or MLX affine-quantized) and the embedding table, which doubles as the
 //! tied output head (`as_linear`).
-use mlx_rs::ops::{dequantize, matmul, quantized_matmul};
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::ops::{concatenate, dequantize, matmul, quantized_matmul, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
 use super::config::{QuantConfig, QuantParams};
@@ -178,7 +179,7 @@ impl Linear {
 
     fn forward_base(&self, x: &Array) -> Result<Array> {
         Ok(match &self.matrix {
-            Matrix::Dense { weight } => matmul(x, weight.t())?,
+            Matrix::Dense { weight } => dense_matmul(x, weight)?,
             Matrix::Quantized {
                 weight,
                 scales,
@@ -221,6 +222,48 @@ impl Linear {
     fn forward_head(&self, x: &Array) -> Result<Array> {
         self.forward_base(x)
     }
+}
+
+/// Rows a dense product of `rows` x `[out, in]` runs with (zero rows appended).
+///
+/// Why: MLX runs dense f32 products through the BLAS, and OpenBLAS picks its kernel by size —
+/// a GEMV-like path for one row, "small matrix" kernels under ~10^6 multiply-adds, and GEMM
+/// tiles whose edge code differs from their interior. Those paths sum in different orders,
+/// so a row's bits would depend on how many rows share the call (serial vs batched decode).
+/// Rounding the rows up to a multiple of 8 and to at least 2^21 multiply-adds keeps every
+/// call on the full-tile GEMM path, where each output is one dot product summed in the same
+/// order whatever the row count (checked over 2816 row/shape cases, and by the batch
+/// exactness tests). The cost is nil for large layers and a few zero rows for small ones.
+pub fn padded_rows(rows: i32, out_dim: i32, in_dim: i32) -> i32 {
+    const MIN_MULTIPLY_ADDS: i64 = 1 << 21;
+    let per_row = (out_dim as i64 * in_dim as i64).max(1);
+    let floor = (MIN_MULTIPLY_ADDS + per_row - 1) / per_row;
+    let rows = (rows as i64).max(floor);
+    ((rows + 7) / 8 * 8) as i32
+}
+
+/// `x W^T` for a dense `W` `[out, in]`, with the rows padded by [`padded_rows`].
+fn dense_matmul(x: &Array, weight: &Array) -> Result<Array> {
+    let shape = x.shape().to_vec();
+    let (in_dim, out_dim) = (weight.dim(1), weight.dim(0));
+    let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
+    let padded = padded_rows(rows, out_dim, in_dim);
+    let flat = x.reshape(&[rows, in_dim])?;
+    let flat = if padded > rows {
+        let pad = zeros_dtype(&[padded - rows, in_dim], x.dtype())?;
+        concatenate(&[flat, pad], 0)?
+    } else {
+        flat
+    };
+    let mut y = matmul(&flat, weight.t())?;
+    if padded > rows {
+        y = y.try_index(..rows)?;
+    }
+    let mut out_shape = shape;
+    if let Some(last) = out_shape.last_mut() {
+        *last = out_dim;
+    }
+    Ok(y.reshape(&out_shape)?)
 }
 
 /// Bits and group size implied by packed shapes: weight `[out, in*bits/32]`, scales `[out, in/gs]`.

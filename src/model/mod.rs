@@ -17,10 +17,19 @@ pub mod gemma4;
 pub mod linear;
 pub mod norm;
 pub mod rope;
+pub mod weight_form;
 pub mod weights;
 
 pub use cache::RowCache;
 pub use config::{ArchConfig, ModelConfig};
+pub use weight_form::{WeightChoice, WeightForm};
+
+/// Whether MLX's default device (where the model will run) is the CPU.
+fn on_cpu() -> bool {
+    mlx_rs::Device::try_default()
+        .and_then(|d| d.get_type())
+        .map_or(true, |t| matches!(t, mlx_rs::DeviceType::Cpu))
+}
 
 /// Options of one forward call. Every linear layer receives it.
 #[derive(Debug, Clone, Default)]
@@ -52,8 +61,10 @@ pub struct ModelInfo {
     pub num_layers: usize,
     /// Activation dtype (that of the embeddings).
     pub dtype: Dtype,
-    /// Bytes of all weights.
+    /// Bytes of all weights, in the form loaded.
     pub weight_bytes: usize,
+    /// The form the quantized matrices were loaded in.
+    pub weight_form: WeightForm,
 }
 
 enum Arch {
@@ -70,14 +81,39 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads an MLX model directory (`config.json` + `*.safetensors`).
+    /// Loads an MLX model directory (`config.json` + `*.safetensors`) as stored: quantized
+    /// matrices stay packed (mlx-lm's numeric path).
     pub fn load(dir: &Path) -> Result<Model> {
+        Model::load_with(dir, WeightChoice::Quantized)
+    }
+
+    /// Loads a model directory in the form `weights` asks for (see [`weight_form`]).
+    pub fn load_with(dir: &Path, weights: WeightChoice) -> Result<Model> {
         let cfg = ModelConfig::load(dir)?;
         let mut w = weights::Weights::load(dir)?;
         let wrapped = matches!(cfg.model_type.as_str(), "gemma4" | "gemma3");
         match &cfg.arch {
             ArchConfig::Gemma4(c) => w.sanitize(|k| gemma4::sanitize_key(c, wrapped, k))?,
             ArchConfig::Gemma3(_) => w.sanitize(|k| gemma3::sanitize_key(wrapped, k))?,
+        }
+        let (quantized, f32_scales, dense_bytes) = w.dense_estimate(&cfg.quant);
+        let facts = weight_form::AutoFacts {
+            cpu: on_cpu(),
+            f32_scales,
+            quantized,
+            dense_bytes,
+            memory_bytes: weight_form::physical_memory(),
+        };
+        let (weight_form, why) = weights.resolve(&facts);
+        if weight_form == WeightForm::Dense {
+            let n = w.dequantize(&cfg.quant)?;
+            tracing::info!(
+                matrices = n,
+                dense_mib = dense_bytes >> 20,
+                "weights: dense ({why})"
+            );
+        } else {
+            tracing::info!("weights: quantized ({why})");
         }
         // After sanitize every remaining tensor must be used (checked by `finish`).
         let weight_bytes = w.nbytes();
@@ -104,6 +140,7 @@ impl Model {
             num_layers: cfg.arch.num_layers(),
             dtype,
             weight_bytes,
+            weight_form,
         };
         let mut model = Model {
             arch,

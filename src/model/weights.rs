@@ -5,8 +5,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use mlx_rs::ops::dequantize;
 use mlx_rs::{Array, Dtype};
+
 use serde_json::Value;
+
+use super::config::QuantConfig;
 
 use crate::error::{Error, Result};
 
@@ -172,6 +176,79 @@ impl Weights {
     /// Bytes of the tensors not yet taken.
     pub fn nbytes(&self) -> usize {
         self.tensors.values().map(|e| e.array.nbytes()).sum()
+    }
+
+    /// What the dense form would look like: whether any matrix is quantized, whether all
+    /// their scales are float32, and the bytes of every tensor once dequantized.
+    pub fn dense_estimate(&self, quant: &QuantConfig) -> (bool, bool, u64) {
+        let mut quantized = false;
+        let mut f32_scales = true;
+        let mut bytes = 0u64;
+        for (name, e) in &self.tensors {
+            let module = name.strip_suffix(".weight");
+            let packed = module.and_then(|m| Some((m, self.tensors.get(&format!("{m}.scales"))?)));
+            match packed {
+                Some((m, scales)) => {
+                    quantized = true;
+                    f32_scales &= scales.array.dtype() == Dtype::Float32;
+                    // Packed uint32 words hold 32 / bits values; the dense row has
+                    // `words * 32 / bits` elements of the scales' dtype.
+                    let elems = e.array.size() as u64 * 32;
+                    let item = scales.array.item_size() as u64;
+                    let bits = quant.for_module(m).map_or(4, |p| p.bits).max(1);
+                    bytes += elems * item / bits as u64;
+                }
+                None if name.ends_with(".scales") || name.ends_with(".biases") => {}
+                None => bytes += e.array.nbytes() as u64,
+            }
+        }
+        (quantized, quantized && f32_scales, bytes)
+    }
+
+    /// Replaces every quantized matrix (`M.weight` + `M.scales` + `M.biases`) by its dense,
+    /// dequantized `M.weight` in the scales' dtype (see [`super::weight_form`]). Returns how
+    /// many matrices it dequantized. The values are computed lazily, with the rest of the
+    /// checkpoint in [`Weights::finish`].
+    pub fn dequantize(&mut self, quant: &QuantConfig) -> Result<usize> {
+        let modules: Vec<String> = self
+            .tensors
+            .keys()
+            .filter_map(|k| k.strip_suffix(".scales").map(str::to_string))
+            .collect();
+        for m in &modules {
+            let weight_key = format!("{m}.weight");
+            let Some(params) = quant.for_module(m) else {
+                let file = self.tensors.get(&weight_key).map(|e| e.file.clone());
+                return Err(Error::Tensor {
+                    tensor: format!("{m}.scales"),
+                    file: file.unwrap_or_else(|| self.dir.clone()),
+                    message: "config.json gives no quantization parameters for this module, \
+                              so it cannot be dequantized"
+                        .into(),
+                });
+            };
+            let (w, file) = self.remove(&weight_key)?;
+            let (scales, _) = self.remove(&format!("{m}.scales"))?;
+            let (biases, _) = self.remove(&format!("{m}.biases"))?;
+            let dense =
+                dequantize(&w, &scales, &biases, params.group_size, params.bits).map_err(|e| {
+                    Error::Tensor {
+                        tensor: weight_key.clone(),
+                        file: file.clone(),
+                        message: format!("dequantize: {e}"),
+                    }
+                })?;
+            self.tensors
+                .insert(weight_key, Entry { array: dense, file });
+        }
+        Ok(modules.len())
+    }
+
+    fn remove(&mut self, name: &str) -> Result<(Array, PathBuf)> {
+        match self.tensors.remove(name) {
+            Some(e) => Ok((e.array, e.file)),
+            None => Err(self.missing(name)),
+        }
     }
 
     /// Fails if any tensor was neither taken nor ignored; else reads every taken tensor.
