@@ -157,10 +157,11 @@ enum memexec_status memexec_batch(struct memexec *handle,
 //
 // `config_json` (required, UTF-8): `{"model_dir": "...", "adapters": {"name": "dir"},
 // "stages": {"stage": {"adapter": "name", "system": "default system prompt"}},
-// "batch_width": 1, "device": "default"|"cpu"|"gpu", "limits": {"max_batch": 4096,
+// "batch_width": 1, "device": "default"|"cpu"|"gpu", "weights": "auto"|"quantized"|"dense",
+// "limits": {"max_batch": 4096,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
-// `$MLX_BUN_MEMORY_BATCH`, else 1.
+// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial).
 //
 // On success writes a new handle to `*out_handle` (required). On failure writes a message to
 // `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves
@@ -289,10 +290,11 @@ enum memexec_status memexec_batch(struct memexec *handle,
 //
 // `config_json` (required, UTF-8): `{"model_dir": "...", "adapters": {"name": "dir"},
 // "stages": {"stage": {"adapter": "name", "system": "default system prompt"}},
-// "batch_width": 1, "device": "default"|"cpu"|"gpu", "limits": {"max_batch": 4096,
+// "batch_width": 1, "device": "default"|"cpu"|"gpu", "weights": "auto"|"quantized"|"dense",
+// "limits": {"max_batch": 4096,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
-// `$MLX_BUN_MEMORY_BATCH`, else 1.
+// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial).
 //
 // On success writes a new handle to `*out_handle` (required). On failure writes a message to
 // `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves

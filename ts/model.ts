@@ -18,10 +18,13 @@ export const DEFAULT_MODEL_REPO = "mlx-community/gemma-4-e4b-it-OptiQ-4bit";
 /** Stages that have a trained adapter, by stage name. */
 const ADAPTER_STAGES = ["chunk"];
 
-/** The batch width: `$MLX_BUN_MEMORY_BATCH` when a positive integer, else 1 (serial). */
+/** The batch width when `$MLX_BUN_MEMORY_BATCH` does not set one: batched (exact and faster). */
+export const DEFAULT_BATCH_WIDTH = 8;
+
+/** The batch width: `$MLX_BUN_MEMORY_BATCH` when a positive integer (`1` = serial), else 8. */
 export function memoryBatchSize(): number {
   const n = Number.parseInt(process.env.MLX_BUN_MEMORY_BATCH ?? "", 10);
-  return Number.isFinite(n) && n >= 1 ? n : 1;
+  return Number.isFinite(n) && n >= 1 ? n : DEFAULT_BATCH_WIDTH;
 }
 
 /** Where the fine-tuned adapter of `stage` lives: `$HOME/.cache/mlx-bun/adapters/memory-<stage>`. */

@@ -31,7 +31,7 @@ export declare function callLocalBatch(stage: string, inputs: LocalInput[], opts
 export declare function configure(options: SeamOptions): void;
 export declare function defaultModelDir(): string;
 export declare function engineConfig(): Config;
-/** `$MLX_BUN_MEMORY_BATCH` when a positive integer, else 1. */
+/** `$MLX_BUN_MEMORY_BATCH` when a positive integer (`1` = serial), else 8 (batched). */
 export declare function memoryBatchSize(): number;
 /** The messages of a stage call with the configured stage defaults; needs no model. */
 export declare function memoryMessages(stage: string, input: LocalInput): Message[];

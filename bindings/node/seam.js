@@ -18,9 +18,12 @@ function withCode(e) {
   return e;
 }
 
+// Batched is the default: exact (checked at start-up) and faster; MLX_BUN_MEMORY_BATCH=1 = serial.
+const DEFAULT_BATCH_WIDTH = 8;
+
 function memoryBatchSize() {
   const n = Number.parseInt(process.env.MLX_BUN_MEMORY_BATCH ?? "", 10);
-  return Number.isFinite(n) && n >= 1 ? n : 1;
+  return Number.isFinite(n) && n >= 1 ? n : DEFAULT_BATCH_WIDTH;
 }
 
 function adapterDirFor(stage) {

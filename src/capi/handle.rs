@@ -51,7 +51,7 @@ pub(crate) fn lookup(h: *const memexec) -> Result<Arc<Handle>> {
 /// "limits": {"max_batch": 4096,
 /// "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null}}`.
 /// Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
-/// `$MLX_BUN_MEMORY_BATCH`, else 1.
+/// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial).
 ///
 /// On success writes a new handle to `*out_handle` (required). On failure writes a message to
 /// `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves

@@ -22,15 +22,17 @@ describe("seam without a model", () => {
     expect(MAX_OUTPUT_TOKENS).toBe(64000);
   });
 
-  test("memoryBatchSize reads MLX_BUN_MEMORY_BATCH, default 1", () => {
+  test("memoryBatchSize reads MLX_BUN_MEMORY_BATCH, default 8 (batched)", () => {
     delete process.env.MLX_BUN_MEMORY_BATCH;
+    expect(memoryBatchSize()).toBe(8);
+    process.env.MLX_BUN_MEMORY_BATCH = "1";
     expect(memoryBatchSize()).toBe(1);
     process.env.MLX_BUN_MEMORY_BATCH = "4";
     expect(memoryBatchSize()).toBe(4);
     process.env.MLX_BUN_MEMORY_BATCH = "zero";
-    expect(memoryBatchSize()).toBe(1);
+    expect(memoryBatchSize()).toBe(8);
     process.env.MLX_BUN_MEMORY_BATCH = "0";
-    expect(memoryBatchSize()).toBe(1);
+    expect(memoryBatchSize()).toBe(8);
   });
 
   test("adapterDirFor follows $HOME/.cache/mlx-bun/adapters/memory-<stage>", () => {

@@ -17,6 +17,8 @@ test("constants and environment", () => {
   process.env.MLX_BUN_MEMORY_BATCH = "5";
   assert.equal(seam.memoryBatchSize(), 5);
   process.env.MLX_BUN_MEMORY_BATCH = "-2";
+  assert.equal(seam.memoryBatchSize(), 8);
+  process.env.MLX_BUN_MEMORY_BATCH = "1";
   assert.equal(seam.memoryBatchSize(), 1);
   if (saved === undefined) delete process.env.MLX_BUN_MEMORY_BATCH;
   else process.env.MLX_BUN_MEMORY_BATCH = saved;

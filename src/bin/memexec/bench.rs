@@ -44,6 +44,19 @@ pub struct Args {
     /// The Python with mlx-lm.
     #[arg(long, default_value = ".deps/venv/bin/python")]
     python: PathBuf,
+    /// The form of the quantized matrices: auto (the engine's default), quantized or dense.
+    #[arg(long, default_value = "auto")]
+    weights: memexec::model::WeightChoice,
+    /// Workloads mlx-lm runs (default: all that memexec runs). mlx-lm runs the packed 4-bit
+    /// kernel, which is slow on CPU: a subset keeps big-model runs short.
+    #[arg(long, value_delimiter = ',')]
+    mlx_lm_workloads: Option<Vec<String>>,
+    /// Batch widths mlx-lm runs (default: --widths).
+    #[arg(long, value_delimiter = ',')]
+    mlx_lm_widths: Option<Vec<usize>>,
+    /// mlx-lm's repetitions (default: --reps).
+    #[arg(long)]
+    mlx_lm_reps: Option<usize>,
     /// Write the results as JSON here.
     #[arg(long)]
     json_out: Option<PathBuf>,
@@ -168,8 +181,26 @@ fn mlx_lm(args: &Args, wls: &[Value]) -> Result<Value> {
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
     let input = dir.join("workloads.json");
     let output = dir.join("mlx_lm.json");
+    let widths: Vec<String> = args
+        .mlx_lm_widths
+        .as_ref()
+        .unwrap_or(&args.widths)
+        .iter()
+        .map(|w| w.to_string())
+        .collect();
+    let wls: Vec<&Value> = wls
+        .iter()
+        .filter(|w| {
+            args.mlx_lm_workloads.as_ref().is_none_or(|only| {
+                only.iter().any(|o| {
+                    w["name"]
+                        .as_str()
+                        .is_some_and(|n| n.eq_ignore_ascii_case(o))
+                })
+            })
+        })
+        .collect();
     std::fs::write(&input, json!({ "workloads": wls }).to_string()).map_err(|e| io(&input, e))?;
-    let widths: Vec<String> = args.widths.iter().map(|w| w.to_string()).collect();
     let script = Path::new("scripts/bench/mlx_lm_bench.py");
     let status = std::process::Command::new(&args.python)
         .arg(script)
@@ -182,7 +213,7 @@ fn mlx_lm(args: &Args, wls: &[Value]) -> Result<Value> {
         .arg("--widths")
         .arg(widths.join(","))
         .arg("--reps")
-        .arg(args.reps.to_string())
+        .arg(args.mlx_lm_reps.unwrap_or(args.reps).to_string())
         .arg("--device")
         .arg("cpu")
         .status()
@@ -204,9 +235,12 @@ fn mlx_lm(args: &Args, wls: &[Value]) -> Result<Value> {
 
 pub fn run(args: Args) -> Result<()> {
     let t0 = Instant::now();
-    let backend = ModelBackend::load(&Config::for_model(&args.model))?;
+    let mut config = Config::for_model(&args.model);
+    config.weights = args.weights;
+    let backend = ModelBackend::load(&config)?;
+    let weights = backend.model().info().weight_form.name();
     eprintln!(
-        "loaded {} in {:.1}s",
+        "loaded {} ({weights} matrices) in {:.1}s",
         args.model.display(),
         t0.elapsed().as_secs_f64()
     );
@@ -360,7 +394,8 @@ pub fn run(args: Args) -> Result<()> {
             "schema": 1, "tool": "memexec bench", "model": args.model,
             "date_unix": std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            "device": "cpu", "reps": args.reps, "widths": args.widths, "seed": args.seed,
+            "device": "cpu", "weights": weights, "blas": blas_library(),
+            "reps": args.reps, "widths": args.widths, "seed": args.seed,
             "max_tokens_cap": args.max_tokens, "prompts_cap": args.prompts,
             "workloads": wls_json.iter().map(|w| json!({
                 "name": w["name"], "max_tokens": w["max_tokens"],
@@ -377,6 +412,18 @@ pub fn run(args: Args) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The BLAS MLX's CPU backend loads (setup links it to OpenBLAS), for the record.
+fn blas_library() -> Value {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("blas"))
+        .map_or(Value::Null, |p| {
+            let real = std::fs::canonicalize(p).map_or(p.to_string(), |r| r.display().to_string());
+            Value::String(real)
+        })
 }
 
 fn print_table(rows: &[Value]) {

@@ -41,11 +41,15 @@ pub struct Args {
     /// tokens, as the oracle records them; also for speed runs on random-weight models).
     #[arg(long)]
     ignore_eos: bool,
+    /// The form of the quantized matrices: quantized (as stored, mlx-lm's numeric path), dense
+    /// or auto (what the engine picks by default).
+    #[arg(long, default_value = "quantized")]
+    weights: memexec::model::WeightChoice,
 }
 
 pub fn run(args: Args) -> memexec::Result<()> {
     let t0 = Instant::now();
-    let model = Model::load(&args.model)?;
+    let model = Model::load_with(&args.model, args.weights)?;
     let load_s = t0.elapsed().as_secs_f64();
     let tok_path = args.model.join("tokenizer.json");
     let tokenizer = if tok_path.exists() {

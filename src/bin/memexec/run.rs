@@ -23,6 +23,9 @@ pub struct Args {
     /// Overrides the configured batch width.
     #[arg(long)]
     batch_width: Option<usize>,
+    /// The form of the quantized matrices: auto, quantized or dense (overrides the config).
+    #[arg(long)]
+    weights: Option<memexec::model::WeightChoice>,
     /// The JSONL input; `-` or absent = standard input.
     #[arg(long, short)]
     input: Option<PathBuf>,
@@ -101,6 +104,9 @@ fn load_config(args: &Args) -> Result<Config> {
     if let Some(w) = args.batch_width {
         config.batch_width = w;
     }
+    if let Some(w) = args.weights {
+        config.weights = w;
+    }
     config.validate()?;
     Ok(config)
 }
@@ -170,8 +176,8 @@ pub fn run(args: Args) -> Result<()> {
     progress.finish();
     let stats = engine.stats();
     eprintln!(
-        "memexec run: {} ok, {failures} failed; {} tokens in, {} tokens out; mode {}, batch width {}",
-        stats.completed, stats.tokens_in, stats.tokens_out, stats.mode, stats.batch_width
+        "memexec run: {} ok, {failures} failed; {} tokens in, {} tokens out; mode {}, batch width {}, {} matrices",
+        stats.completed, stats.tokens_in, stats.tokens_out, stats.mode, stats.batch_width, stats.weights
     );
     if failures > 0 {
         return Err(Error::InvalidArgument(format!(
