@@ -83,6 +83,10 @@ pub struct Limits {
     pub default_max_tokens: usize,
     /// An extra cap on prompt length in tokens (the model's context always applies).
     pub max_prompt_tokens: Option<usize>,
+    /// The most KV-cache bytes the rows decoding together may hold (estimated at each row's
+    /// end): a row waits for others to finish rather than exceed it. `None`: half of the
+    /// physical memory left after the weights (no bound where memory is unknown).
+    pub max_kv_bytes: Option<u64>,
 }
 
 impl Default for Limits {
@@ -92,6 +96,7 @@ impl Default for Limits {
             max_tokens_cap: MAX_TOKENS_CAP,
             default_max_tokens: DEFAULT_MAX_TOKENS,
             max_prompt_tokens: None,
+            max_kv_bytes: None,
         }
     }
 }
@@ -209,7 +214,19 @@ mod tests {
         let c = Config::from_json(r#"{"model_dir": "/m"}"#).unwrap();
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.device, DeviceChoice::Default);
+        assert_eq!(c.weights, WeightChoice::Auto);
         assert!(c.adapters.is_empty());
+    }
+
+    #[test]
+    fn weights_and_kv_budget_parse() {
+        let c = Config::from_json(
+            r#"{"model_dir": "/m", "weights": "dense", "limits": {"max_kv_bytes": 1048576}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.weights, WeightChoice::Dense);
+        assert_eq!(c.limits.max_kv_bytes, Some(1 << 20));
+        assert!(Config::from_json(r#"{"model_dir": "/m", "weights": "int3"}"#).is_err());
     }
 
     #[test]

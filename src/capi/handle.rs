@@ -49,7 +49,8 @@ pub(crate) fn lookup(h: *const memexec) -> Result<Arc<Handle>> {
 /// "stages": {"stage": {"adapter": "name", "system": "default system prompt"}},
 /// "batch_width": 1, "device": "default"|"cpu"|"gpu", "weights": "auto"|"quantized"|"dense",
 /// "limits": {"max_batch": 4096,
-/// "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null}}`.
+/// "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null,
+/// "max_kv_bytes": null}}`.
 /// Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
 /// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial).
 ///

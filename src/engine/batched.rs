@@ -504,14 +504,15 @@ pub fn self_check(model: &Model, stop_ids: &[u32], width: usize) -> Option<Strin
     None
 }
 
-/// The backend for `width`: serial at width 1; batched when the self-check passes, else the
-/// serial path with the reason in its mode.
-pub fn select(inner: ModelBackend, width: usize) -> Box<dyn Backend> {
+/// The backend for `width`: serial at width 1; batched (admitting rows within `kv_budget`
+/// bytes of KV cache) when the self-check passes, else the serial path with the reason in its
+/// mode.
+pub fn select(inner: ModelBackend, width: usize, kv_budget: Option<u64>) -> Box<dyn Backend> {
     if width <= 1 {
         return Box::new(Serial(inner));
     }
     match self_check(inner.model(), inner.stop_ids(), width) {
-        None => Box::new(Batched::new(inner, width, None)),
+        None => Box::new(Batched::new(inner, width, kv_budget)),
         Some(why) => {
             tracing::warn!("batched decoding disabled: {why}");
             Box::new(Fallback {

@@ -31,7 +31,16 @@ pub struct ModelBackend {
 /// The loader [`super::Engine::new`] runs on the engine thread.
 pub(crate) fn load(config: &Config) -> Result<Box<dyn Backend>> {
     let backend = ModelBackend::load(config)?;
-    Ok(super::batched::select(backend, config.batch_width))
+    let kv_budget = config.limits.max_kv_bytes.or_else(|| {
+        let memory = crate::model::weight_form::physical_memory()?;
+        let weights = backend.model().info().weight_bytes as u64;
+        Some(memory.saturating_sub(weights) / 2)
+    });
+    Ok(super::batched::select(
+        backend,
+        config.batch_width,
+        kv_budget,
+    ))
 }
 
 fn select_device(choice: DeviceChoice) -> Result<()> {
