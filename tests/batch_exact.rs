@@ -298,32 +298,30 @@ fn the_engine_batches_exactly_and_reports_its_mode() {
 #[test]
 fn many_small_batches_do_not_grow_active_memory() {
     // The default CPU form (dense); 1000 batches in both forms would double a slow test.
-    {
-        let model = model(WeightChoice::Dense);
-        let stop = model.info().eos_token_ids.clone();
-        let decoder = Decoder::new(&model, &stop);
-        let batch = |k: u32| {
-            vec![
-                RowRequest::new(ids(6 + (k % 5) as usize, k), 3),
-                RowRequest::new(ids(20, k + 1), 2),
-            ]
-        };
-        let limits = Limits {
-            width: 2,
-            kv_budget: None,
-        };
-        for k in 0..20 {
-            assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
-        }
-        let before = mlx_rs::memory::active_memory().expect("active memory");
-        for k in 0..1000 {
-            assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
-        }
-        let after = mlx_rs::memory::active_memory().expect("active memory");
-        // One row's KV on this model is a few kB: 1000 leaked batches would add far more than this.
-        assert!(
-            after <= before + 256 * 1024,
-            "active memory grew from {before} to {after} bytes over 1000 batches"
-        );
+    let model = model(WeightChoice::Dense);
+    let stop = model.info().eos_token_ids.clone();
+    let decoder = Decoder::new(&model, &stop);
+    let batch = |k: u32| {
+        vec![
+            RowRequest::new(ids(6 + (k % 5) as usize, k), 3),
+            RowRequest::new(ids(20, k + 1), 2),
+        ]
+    };
+    let limits = Limits {
+        width: 2,
+        kv_budget: None,
+    };
+    for k in 0..20 {
+        assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
     }
+    let before = mlx_rs::memory::active_memory().expect("active memory");
+    for k in 0..1000 {
+        assert!(decoder.run_rows(batch(k), limits).iter().all(Result::is_ok));
+    }
+    let after = mlx_rs::memory::active_memory().expect("active memory");
+    // One row's KV on this model is a few kB: 1000 leaked batches would add far more than this.
+    assert!(
+        after <= before + 256 * 1024,
+        "active memory grew from {before} to {after} bytes over 1000 batches"
+    );
 }
