@@ -72,10 +72,14 @@ struct Runs {
 }
 
 impl Runs {
+    /// The median; with an even count the lower middle, so that one disturbed repetition of
+    /// two cannot make a configuration look slower (or faster) than its other run.
     fn median(v: &[Duration]) -> Duration {
         let mut v = v.to_vec();
         v.sort();
-        v.get(v.len() / 2).copied().unwrap_or_default()
+        v.get(v.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or_default()
     }
 }
 
