@@ -7,10 +7,16 @@
 //! finish (stop id, `max_tokens`, cancellation) leave at once and drop their caches; waiting
 //! rows join between steps.
 //!
+//! Steps are pipelined like mlx-lm's `generate_step`: a step is built on the previous step's
+//! still-lazy picks and queued before the host reads them, so the device does not wait for the
+//! host between steps. A row whose pending token turns out to end it leaves one step late (its
+//! share of the step queued meanwhile is dropped with its cache); a row whose pending token is
+//! surely its last (`max_tokens`) takes no part in the next step.
+//!
 //! [`Decoder`] is the MLX-side mechanism (also used by the benchmark and the tests);
 //! [`Batched`] drives it from the engine queue. [`select`] runs a start-up self-check and
 //! falls back to the serial backend, saying why, if batched and serial ever disagree.
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -19,7 +25,13 @@ use super::backend::{Backend, BackendInfo, Generate, Intake, Serial};
 use super::model_backend::ModelBackend;
 use super::request::{Completion, Job, StopReason};
 use super::scheduler::{self, after_token, Limits, Verdict};
-use crate::generate::{decode_step, greedy, prefill, GenerateOptions, PREFILL_STEP};
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::Array;
+
+use crate::generate::{
+    decode_step_lazy, greedy, prefill, read_tokens, GenerateOptions, PREFILL_STEP,
+};
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
 use crate::model::{ForwardCtx, Model, RowCache};
 use crate::{Error, Result};
@@ -61,11 +73,54 @@ pub struct RowOutput {
     pub decode_time: Duration,
 }
 
+/// The picks of one queued decode step, read from the device once, by the first row asking.
+struct Picks {
+    array: Array,
+    host: OnceCell<Vec<u32>>,
+}
+
+/// A row's token of a queued step: `picks[index]`, not read yet.
+struct Pending {
+    picks: Rc<Picks>,
+    index: usize,
+}
+
+impl Pending {
+    /// Waits for the step and returns the token.
+    fn read(&self) -> Result<u32> {
+        if self.picks.host.get().is_none() {
+            let v = read_tokens(&self.picks.array)?;
+            let _ = self.picks.host.set(v);
+        }
+        self.picks
+            .host
+            .get()
+            .and_then(|v| v.get(self.index))
+            .copied()
+            .ok_or_else(|| Error::Internal(format!("no pick {} in a decode step", self.index)))
+    }
+
+    /// The token as a lazy `[1, 1]` int32 input of the next step.
+    fn input(&self) -> Result<Array> {
+        let a = &self.picks.array;
+        let i = self.index as i32;
+        let one = if a.size() == 1 {
+            a.clone()
+        } else {
+            a.try_index(i..i + 1)?
+        };
+        Ok(one.reshape(&[1, 1])?.as_dtype(mlx_rs::Dtype::Int32)?)
+    }
+}
+
 /// A row in the running set: its cache, the token to feed next, what it generated so far.
 pub struct Row<T> {
     tag: T,
     cache: RowCache,
+    /// The last token taken (the next input when nothing is pending).
     last: u32,
+    /// The row's token of the step queued last, not yet taken.
+    pending: Option<Pending>,
     ids: Vec<u32>,
     max_tokens: usize,
     adapters: AdapterStack,
@@ -190,6 +245,7 @@ impl<'a> Decoder<'a> {
             tag,
             cache: self.model.new_cache(),
             last: 0,
+            pending: None,
             ids: Vec::new(),
             max_tokens: req.max_tokens,
             adapters: req.adapters.clone(),
@@ -225,35 +281,94 @@ impl<'a> Decoder<'a> {
         })
     }
 
-    /// One decode step over every running row; rows that end leave `rows` (dropping their
-    /// caches) and are returned. On error `rows` is left as it was.
+    /// One decode step over the running rows, pipelined: queues the next step (on the pending
+    /// tokens, still lazy), then reads the pending tokens and applies the serial rule to them.
+    /// Rows that end leave `rows` (dropping their caches) and are returned. On error `rows`
+    /// is left as it was.
     pub fn step<T>(&self, rows: &mut Vec<Row<T>>) -> Result<Vec<(T, RowOutput)>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let last: Vec<u32> = rows.iter().map(|r| r.last).collect();
-        let ctx = self.ctx(rows.iter().map(|r| r.adapters.clone()).collect())?;
         let started = Instant::now();
-        let next = {
-            let mut caches: Vec<&mut RowCache> = rows.iter_mut().map(|r| &mut r.cache).collect();
-            decode_step(self.model, &last, &mut caches, &ctx)?
+        // Every row steps but those whose pending token is surely their last.
+        let stepping: Vec<bool> = rows
+            .iter()
+            .map(|r| r.pending.is_none() || r.ids.len() + 1 < r.max_tokens)
+            .collect();
+        let queued = if stepping.contains(&true) {
+            let mut inputs = Vec::with_capacity(rows.len());
+            let mut stacks = Vec::with_capacity(rows.len());
+            for (r, _) in rows.iter().zip(&stepping).filter(|(_, &s)| s) {
+                inputs.push(match &r.pending {
+                    Some(p) => p.input()?,
+                    None => Array::from_slice(&[r.last as i32], &[1, 1]),
+                });
+                stacks.push(r.adapters.clone());
+            }
+            let tokens = if inputs.len() == 1 {
+                inputs.swap_remove(0)
+            } else {
+                concatenate(&inputs, 0)?
+            };
+            let ctx = self.ctx(stacks)?;
+            let mut caches: Vec<&mut RowCache> = rows
+                .iter_mut()
+                .zip(&stepping)
+                .filter(|(_, &s)| s)
+                .map(|(r, _)| &mut r.cache)
+                .collect();
+            let picks = decode_step_lazy(self.model, &tokens, &mut caches, &ctx)?;
+            if picks.size() != caches.len() {
+                return Err(Error::Internal(format!(
+                    "a decode step over {} rows returned {} tokens",
+                    caches.len(),
+                    picks.size()
+                )));
+            }
+            Some(Rc::new(Picks {
+                array: picks,
+                host: OnceCell::new(),
+            }))
+        } else {
+            None
         };
+        // The previous step's tokens (waits for that step only: this one stays queued).
+        let taken: Vec<Option<u32>> = rows
+            .iter()
+            .map(|r| r.pending.as_ref().map(Pending::read).transpose())
+            .collect::<Result<_>>()?;
         let took = started.elapsed();
-        if next.len() != rows.len() {
-            return Err(Error::Internal(format!(
-                "a decode step over {} rows returned {} tokens",
-                rows.len(),
-                next.len()
-            )));
-        }
         let mut done = Vec::new();
         let mut keep = Vec::with_capacity(rows.len());
-        for (mut row, token) in rows.drain(..).zip(next) {
+        let mut index = 0;
+        for ((mut row, token), steps) in rows.drain(..).zip(taken).zip(stepping) {
             row.decode_time += took;
-            match row.take(token, self.stop_ids) {
-                Ok(row) => keep.push(row),
-                Err(finished) => done.push(finished),
-            }
+            let next = match (&queued, steps) {
+                (Some(picks), true) => {
+                    index += 1;
+                    Some(Pending {
+                        picks: picks.clone(),
+                        index: index - 1,
+                    })
+                }
+                _ => None,
+            };
+            row.pending = None;
+            let row = match token {
+                Some(token) => match row.take(token, self.stop_ids) {
+                    Ok(row) => row,
+                    Err(finished) => {
+                        done.push(finished);
+                        continue;
+                    }
+                },
+                None => row,
+            };
+            // A row that did not step keeps no pending token: it steps on `last` next time.
+            keep.push(Row {
+                pending: next,
+                ..row
+            });
         }
         *rows = keep;
         Ok(done)
