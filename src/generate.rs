@@ -175,10 +175,20 @@ pub fn decode_step_lazy(
     caches: &mut [&mut RowCache],
     ctx: &ForwardCtx,
 ) -> Result<Array> {
-    let logits = model.forward(tokens, caches, ctx)?;
-    let picks = argmax_lazy(&logits, model.info().dtype)?;
+    let picks = step_picks(model, tokens, caches, ctx)?;
     async_eval([&picks])?;
     Ok(picks)
+}
+
+/// [`decode_step_lazy`] without queueing: the lazy `[B]` picks of one decode forward.
+pub fn step_picks(
+    model: &Model,
+    tokens: &Array,
+    caches: &mut [&mut RowCache],
+    ctx: &ForwardCtx,
+) -> Result<Array> {
+    let logits = model.forward(tokens, caches, ctx)?;
+    argmax_lazy(&logits, model.info().dtype)
 }
 
 /// One batched decode step: feeds `last[i]` to row `i` (each with its own cache) and returns

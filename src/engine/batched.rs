@@ -29,9 +29,9 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
-use crate::generate::{
-    decode_step_lazy, greedy, prefill, read_tokens, GenerateOptions, PREFILL_STEP,
-};
+use mlx_rs::transforms::async_eval;
+
+use crate::generate::{greedy, prefill, read_tokens, step_picks, GenerateOptions, PREFILL_STEP};
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
 use crate::model::{ForwardCtx, Model, RowCache};
 use crate::{Error, Result};
@@ -197,7 +197,11 @@ pub struct Decoder<'a> {
     stop_ids: &'a [u32],
     registry: Option<Rc<AdapterRegistry>>,
     bytes_per_token: Cell<u64>,
+    rows_per_forward: usize,
 }
+
+/// Rows per decode forward (see [`Decoder::rows_per_forward`]).
+pub const ROWS_PER_FORWARD: usize = 7;
 
 impl<'a> Decoder<'a> {
     /// A decoder stopping at `stop_ids`, base model only.
@@ -207,7 +211,24 @@ impl<'a> Decoder<'a> {
             stop_ids,
             registry: None,
             bytes_per_token: Cell::new(0),
+            rows_per_forward: rows_per_forward_default(),
         }
+    }
+
+    /// At most this many rows go through one decode forward; a larger running set is stepped
+    /// as several forwards (all queued before any token is read). Why: a row's logits must
+    /// not depend on how many rows share its forward, and MLX's quantized matmul picks its
+    /// kernel by row count (CUDA: the row-wise `qmv` kernel, the serial path's, while
+    /// rows < 8; a tiled `qmm` kernel, which rounds differently, from 8 rows on). Default
+    /// [`ROWS_PER_FORWARD`]; `MEMEXEC_ROWS_PER_FORWARD` overrides it (0 = no limit).
+    pub fn rows_per_forward(&self) -> usize {
+        self.rows_per_forward
+    }
+
+    /// Sets [`Decoder::rows_per_forward`] (0 = no limit).
+    pub fn with_rows_per_forward(mut self, rows: usize) -> Decoder<'a> {
+        self.rows_per_forward = if rows == 0 { usize::MAX } else { rows };
+        self
     }
 
     /// Rows may name adapters of `registry`.
@@ -281,6 +302,52 @@ impl<'a> Decoder<'a> {
         })
     }
 
+    /// Builds and queues one decode forward over the rows marked in `stepping`, in groups of
+    /// at most [`Decoder::rows_per_forward`] rows; returns their picks (lazy, in row order).
+    fn queue_step<T>(&self, rows: &mut [Row<T>], stepping: &[bool]) -> Result<Array> {
+        let mut members: Vec<&mut Row<T>> = rows
+            .iter_mut()
+            .zip(stepping)
+            .filter(|(_, &s)| s)
+            .map(|(r, _)| r)
+            .collect();
+        let mut parts = Vec::new();
+        for group in members.chunks_mut(self.rows_per_forward.max(1)) {
+            let mut inputs = Vec::with_capacity(group.len());
+            let mut stacks = Vec::with_capacity(group.len());
+            for r in group.iter() {
+                inputs.push(match &r.pending {
+                    Some(p) => p.input()?,
+                    None => Array::from_slice(&[r.last as i32], &[1, 1]),
+                });
+                stacks.push(r.adapters.clone());
+            }
+            let tokens = if inputs.len() == 1 {
+                inputs.swap_remove(0)
+            } else {
+                concatenate(&inputs, 0)?
+            };
+            let ctx = self.ctx(stacks)?;
+            let mut caches: Vec<&mut RowCache> = group.iter_mut().map(|r| &mut r.cache).collect();
+            let picks = step_picks(self.model, &tokens, &mut caches, &ctx)?;
+            if picks.size() != caches.len() {
+                return Err(Error::Internal(format!(
+                    "a decode step over {} rows returned {} tokens",
+                    caches.len(),
+                    picks.size()
+                )));
+            }
+            parts.push(picks);
+        }
+        let picks = if parts.len() == 1 {
+            parts.swap_remove(0)
+        } else {
+            concatenate(&parts, 0)?
+        };
+        async_eval([&picks])?;
+        Ok(picks)
+    }
+
     /// One decode step over the running rows, pipelined: queues the next step (on the pending
     /// tokens, still lazy), then reads the pending tokens and applies the serial rule to them.
     /// Rows that end leave `rows` (dropping their caches) and are returned. On error `rows`
@@ -296,35 +363,7 @@ impl<'a> Decoder<'a> {
             .map(|r| r.pending.is_none() || r.ids.len() + 1 < r.max_tokens)
             .collect();
         let queued = if stepping.contains(&true) {
-            let mut inputs = Vec::with_capacity(rows.len());
-            let mut stacks = Vec::with_capacity(rows.len());
-            for (r, _) in rows.iter().zip(&stepping).filter(|(_, &s)| s) {
-                inputs.push(match &r.pending {
-                    Some(p) => p.input()?,
-                    None => Array::from_slice(&[r.last as i32], &[1, 1]),
-                });
-                stacks.push(r.adapters.clone());
-            }
-            let tokens = if inputs.len() == 1 {
-                inputs.swap_remove(0)
-            } else {
-                concatenate(&inputs, 0)?
-            };
-            let ctx = self.ctx(stacks)?;
-            let mut caches: Vec<&mut RowCache> = rows
-                .iter_mut()
-                .zip(&stepping)
-                .filter(|(_, &s)| s)
-                .map(|(r, _)| &mut r.cache)
-                .collect();
-            let picks = decode_step_lazy(self.model, &tokens, &mut caches, &ctx)?;
-            if picks.size() != caches.len() {
-                return Err(Error::Internal(format!(
-                    "a decode step over {} rows returned {} tokens",
-                    caches.len(),
-                    picks.size()
-                )));
-            }
+            let picks = self.queue_step(rows, &stepping)?;
             Some(Rc::new(Picks {
                 array: picks,
                 host: OnceCell::new(),
@@ -425,6 +464,17 @@ impl<'a> Decoder<'a> {
         out.into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Error::Internal("a row was never run".into()))))
             .collect()
+    }
+}
+
+fn rows_per_forward_default() -> usize {
+    match std::env::var("MEMEXEC_ROWS_PER_FORWARD")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        Some(0) => usize::MAX,
+        Some(n) => n,
+        None => ROWS_PER_FORWARD,
     }
 }
 
