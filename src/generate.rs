@@ -4,7 +4,9 @@
 //! [`decode_step`]).
 use std::time::{Duration, Instant};
 
+use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{argmax_axis, TryIndexOp};
+use mlx_rs::transforms::async_eval;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
@@ -79,6 +81,12 @@ pub fn argmax_rows(model: &Model, logits: &Array) -> Result<Vec<u32>> {
 /// [`argmax_rows`] with the dtype given (the model's activation dtype: the f32 logits are
 /// cast back to it, exactly, so that the subtraction rounds as in mlx-lm).
 pub fn argmax_rows_in(logits: &Array, dtype: Dtype) -> Result<Vec<u32>> {
+    read_tokens(&argmax_lazy(logits, dtype)?)
+}
+
+/// The picks of [`argmax_rows_in`] as a lazy `[B]` uint32 array (nothing is evaluated), so
+/// that the next step can be built on them before the host reads them.
+pub fn argmax_lazy(logits: &Array, dtype: Dtype) -> Result<Array> {
     let rows = logits.dim(0);
     let mut picks = Vec::with_capacity(rows as usize);
     for r in 0..rows {
@@ -92,18 +100,57 @@ pub fn argmax_rows_in(logits: &Array, dtype: Dtype) -> Result<Vec<u32>> {
         let logprobs = l.subtract(l.logsumexp(true)?)?;
         picks.push(argmax_axis(&logprobs, -1, false)?);
     }
-    mlx_rs::transforms::eval(picks.iter())?;
-    picks
-        .iter()
-        .map(|p| {
-            p.try_item_exact::<u32>()
-                .map_err(|e| Error::InvalidArgument(format!("argmax: {e}")))
-        })
-        .collect()
+    if picks.len() == 1 {
+        if let Some(p) = picks.pop() {
+            return Ok(p);
+        }
+    }
+    Ok(concatenate(&picks, 0)?)
 }
 
-/// Runs a whole prompt through `cache` (B = 1) and returns the first generated token:
-/// `prompt[..n-1]` in chunks of at most `step`, then the last token alone (as mlx-lm).
+/// Evaluates (waits for) lazy picks and copies them to the host.
+pub fn read_tokens(picks: &Array) -> Result<Vec<u32>> {
+    picks
+        .to_vec_exact::<u32>()
+        .map_err(|e| Error::InvalidArgument(format!("argmax: {e}")))
+}
+
+/// Feeds `prompt[..n-1]` to `cache` (B = 1) in chunks of at most `step` (as mlx-lm), waiting
+/// for each chunk's cache.
+fn prefill_head(
+    model: &Model,
+    head: &[u32],
+    cache: &mut RowCache,
+    step: usize,
+    ctx: &ForwardCtx,
+) -> Result<()> {
+    for chunk in head.chunks(step.max(1)) {
+        let tokens = ids_array(chunk, &[1, chunk.len() as i32])?;
+        // The chunk's logits are never evaluated: only the caches are needed.
+        let _ = model.forward(&tokens, &mut [&mut *cache], ctx)?;
+        cache.eval()?;
+    }
+    Ok(())
+}
+
+/// Runs a whole prompt through `cache` (B = 1): `prompt[..n-1]` in chunks of at most `step`,
+/// then the last token alone (as mlx-lm). Returns the first generated token as a lazy `[1]`
+/// array, already queued for evaluation ([`read_tokens`] reads it).
+pub fn prefill_lazy(
+    model: &Model,
+    prompt: &[u32],
+    cache: &mut RowCache,
+    step: usize,
+    ctx: &ForwardCtx,
+) -> Result<Array> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::InvalidArgument("empty prompt".into()));
+    };
+    prefill_head(model, head, cache, step, ctx)?;
+    decode_step_lazy(model, &ids_array(&[last], &[1, 1])?, &mut [cache], ctx)
+}
+
+/// [`prefill_lazy`], waiting for the first token.
 pub fn prefill(
     model: &Model,
     prompt: &[u32],
@@ -111,22 +158,37 @@ pub fn prefill(
     step: usize,
     ctx: &ForwardCtx,
 ) -> Result<u32> {
-    let Some((&last, head)) = prompt.split_last() else {
-        return Err(Error::InvalidArgument("empty prompt".into()));
-    };
-    let step = step.max(1);
-    for chunk in head.chunks(step) {
-        let tokens = ids_array(chunk, &[1, chunk.len() as i32])?;
-        // The chunk's logits are never evaluated: only the caches are needed.
-        let _ = model.forward(&tokens, &mut [&mut *cache], ctx)?;
-        cache.eval()?;
-    }
-    let logits = model.forward(&ids_array(&[last], &[1, 1])?, &mut [&mut *cache], ctx)?;
-    let next = argmax_rows(model, &logits)?;
-    cache.eval()?;
-    next.first()
+    let first = prefill_lazy(model, prompt, cache, step, ctx)?;
+    read_tokens(&first)?
+        .first()
         .copied()
         .ok_or_else(|| Error::InvalidArgument("no logits".into()))
+}
+
+/// One decode step on `tokens` `[B, 1]` (any integer dtype; may be lazy, e.g. the previous
+/// step's picks): returns each row's next greedy token as a lazy `[B]` uint32 array, queued
+/// for evaluation. The caches' new keys / values are evaluated with it (the picks depend on
+/// them), as in mlx-lm, which never evaluates the caches separately while decoding.
+pub fn decode_step_lazy(
+    model: &Model,
+    tokens: &Array,
+    caches: &mut [&mut RowCache],
+    ctx: &ForwardCtx,
+) -> Result<Array> {
+    let picks = step_picks(model, tokens, caches, ctx)?;
+    async_eval([&picks])?;
+    Ok(picks)
+}
+
+/// [`decode_step_lazy`] without queueing: the lazy `[B]` picks of one decode forward.
+pub fn step_picks(
+    model: &Model,
+    tokens: &Array,
+    caches: &mut [&mut RowCache],
+    ctx: &ForwardCtx,
+) -> Result<Array> {
+    let logits = model.forward(tokens, caches, ctx)?;
+    argmax_lazy(&logits, model.info().dtype)
 }
 
 /// One batched decode step: feeds `last[i]` to row `i` (each with its own cache) and returns
@@ -138,15 +200,15 @@ pub fn decode_step(
     ctx: &ForwardCtx,
 ) -> Result<Vec<u32>> {
     let tokens = ids_array(last, &[last.len() as i32, 1])?;
-    let logits = model.forward(&tokens, caches, ctx)?;
-    let next = argmax_rows(model, &logits)?;
-    for c in caches.iter() {
-        c.eval()?;
-    }
-    Ok(next)
+    read_tokens(&decode_step_lazy(model, &tokens, caches, ctx)?)
 }
 
 /// Greedy generation for one prompt (serial, B = 1).
+///
+/// Pipelined like mlx-lm's `generate_step`: step t+1 is built on step t's still-lazy token and
+/// queued before the host reads token t, so the device never waits for the host. The numbers
+/// are those of the unpipelined loop (same graphs; only the moment of reading changes); when
+/// the read token ends the generation, the one step queued past it is dropped with the cache.
 pub fn greedy(model: &Model, prompt: &[u32], opts: GenerateOptions) -> Result<Generation> {
     let ctx = ForwardCtx::with_adapters(opts.adapters.clone());
     let stop_ids = opts
@@ -164,27 +226,39 @@ pub fn greedy(model: &Model, prompt: &[u32], opts: GenerateOptions) -> Result<Ge
             decode_time: Duration::ZERO,
         });
     }
-    let mut next = prefill(model, prompt, &mut cache, opts.prefill_step, &ctx)?;
-    let prefill_time = started.elapsed();
-    let decode_start = Instant::now();
+    let mut pending = prefill_lazy(model, prompt, &mut cache, opts.prefill_step, &ctx)?;
+    let mut prefill_time = None;
+    let mut decode_start = Instant::now();
     let stop = loop {
-        if stop_ids.contains(&next) {
-            break StopReason::Eos(next);
-        }
-        ids.push(next);
-        if ids.len() >= opts.max_tokens {
-            break StopReason::MaxTokens;
-        }
-        let step = decode_step(model, &[next], &mut [&mut cache], &ctx)?;
-        next = step
+        // Queue the next step before reading this token (unless this one is surely the last).
+        let next = if ids.len() + 1 < opts.max_tokens {
+            // The model takes int32 ids (exact: ids < 2^31).
+            let tokens = pending.reshape(&[1, 1])?.as_dtype(Dtype::Int32)?;
+            Some(decode_step_lazy(model, &tokens, &mut [&mut cache], &ctx)?)
+        } else {
+            None
+        };
+        let token = read_tokens(&pending)?
             .first()
             .copied()
             .ok_or_else(|| Error::InvalidArgument("no logits".into()))?;
+        if prefill_time.is_none() {
+            prefill_time = Some(started.elapsed());
+            decode_start = Instant::now();
+        }
+        if stop_ids.contains(&token) {
+            break StopReason::Eos(token);
+        }
+        ids.push(token);
+        match next {
+            Some(n) if ids.len() < opts.max_tokens => pending = n,
+            _ => break StopReason::MaxTokens,
+        }
     };
     Ok(Generation {
         ids,
         stop,
-        prefill_time,
+        prefill_time: prefill_time.unwrap_or_default(),
         decode_time: decode_start.elapsed(),
     })
 }

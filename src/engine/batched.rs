@@ -7,10 +7,16 @@
 //! finish (stop id, `max_tokens`, cancellation) leave at once and drop their caches; waiting
 //! rows join between steps.
 //!
+//! Steps are pipelined like mlx-lm's `generate_step`: a step is built on the previous step's
+//! still-lazy picks and queued before the host reads them, so the device does not wait for the
+//! host between steps. A row whose pending token turns out to end it leaves one step late (its
+//! share of the step queued meanwhile is dropped with its cache); a row whose pending token is
+//! surely its last (`max_tokens`) takes no part in the next step.
+//!
 //! [`Decoder`] is the MLX-side mechanism (also used by the benchmark and the tests);
 //! [`Batched`] drives it from the engine queue. [`select`] runs a start-up self-check and
 //! falls back to the serial backend, saying why, if batched and serial ever disagree.
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -19,7 +25,13 @@ use super::backend::{Backend, BackendInfo, Generate, Intake, Serial};
 use super::model_backend::ModelBackend;
 use super::request::{Completion, Job, StopReason};
 use super::scheduler::{self, after_token, Limits, Verdict};
-use crate::generate::{decode_step, greedy, prefill, GenerateOptions, PREFILL_STEP};
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::Array;
+
+use mlx_rs::transforms::async_eval;
+
+use crate::generate::{greedy, prefill, read_tokens, step_picks, GenerateOptions, PREFILL_STEP};
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
 use crate::model::{ForwardCtx, Model, RowCache};
 use crate::{Error, Result};
@@ -61,11 +73,54 @@ pub struct RowOutput {
     pub decode_time: Duration,
 }
 
+/// The picks of one queued decode step, read from the device once, by the first row asking.
+struct Picks {
+    array: Array,
+    host: OnceCell<Vec<u32>>,
+}
+
+/// A row's token of a queued step: `picks[index]`, not read yet.
+struct Pending {
+    picks: Rc<Picks>,
+    index: usize,
+}
+
+impl Pending {
+    /// Waits for the step and returns the token.
+    fn read(&self) -> Result<u32> {
+        if self.picks.host.get().is_none() {
+            let v = read_tokens(&self.picks.array)?;
+            let _ = self.picks.host.set(v);
+        }
+        self.picks
+            .host
+            .get()
+            .and_then(|v| v.get(self.index))
+            .copied()
+            .ok_or_else(|| Error::Internal(format!("no pick {} in a decode step", self.index)))
+    }
+
+    /// The token as a lazy `[1, 1]` int32 input of the next step.
+    fn input(&self) -> Result<Array> {
+        let a = &self.picks.array;
+        let i = self.index as i32;
+        let one = if a.size() == 1 {
+            a.clone()
+        } else {
+            a.try_index(i..i + 1)?
+        };
+        Ok(one.reshape(&[1, 1])?.as_dtype(mlx_rs::Dtype::Int32)?)
+    }
+}
+
 /// A row in the running set: its cache, the token to feed next, what it generated so far.
 pub struct Row<T> {
     tag: T,
     cache: RowCache,
+    /// The last token taken (the next input when nothing is pending).
     last: u32,
+    /// The row's token of the step queued last, not yet taken.
+    pending: Option<Pending>,
     ids: Vec<u32>,
     max_tokens: usize,
     adapters: AdapterStack,
@@ -142,7 +197,11 @@ pub struct Decoder<'a> {
     stop_ids: &'a [u32],
     registry: Option<Rc<AdapterRegistry>>,
     bytes_per_token: Cell<u64>,
+    rows_per_forward: usize,
 }
+
+/// Rows per decode forward (see [`Decoder::rows_per_forward`]).
+pub const ROWS_PER_FORWARD: usize = 7;
 
 impl<'a> Decoder<'a> {
     /// A decoder stopping at `stop_ids`, base model only.
@@ -152,7 +211,24 @@ impl<'a> Decoder<'a> {
             stop_ids,
             registry: None,
             bytes_per_token: Cell::new(0),
+            rows_per_forward: rows_per_forward_default(),
         }
+    }
+
+    /// At most this many rows go through one decode forward; a larger running set is stepped
+    /// as several forwards (all queued before any token is read). Why: a row's logits must
+    /// not depend on how many rows share its forward, and MLX's quantized matmul picks its
+    /// kernel by row count (CUDA: the row-wise `qmv` kernel, the serial path's, while
+    /// rows < 8; a tiled `qmm` kernel, which rounds differently, from 8 rows on). Default
+    /// [`ROWS_PER_FORWARD`]; `MEMEXEC_ROWS_PER_FORWARD` overrides it (0 = no limit).
+    pub fn rows_per_forward(&self) -> usize {
+        self.rows_per_forward
+    }
+
+    /// Sets [`Decoder::rows_per_forward`] (0 = no limit).
+    pub fn with_rows_per_forward(mut self, rows: usize) -> Decoder<'a> {
+        self.rows_per_forward = if rows == 0 { usize::MAX } else { rows };
+        self
     }
 
     /// Rows may name adapters of `registry`.
@@ -190,6 +266,7 @@ impl<'a> Decoder<'a> {
             tag,
             cache: self.model.new_cache(),
             last: 0,
+            pending: None,
             ids: Vec::new(),
             max_tokens: req.max_tokens,
             adapters: req.adapters.clone(),
@@ -225,35 +302,112 @@ impl<'a> Decoder<'a> {
         })
     }
 
-    /// One decode step over every running row; rows that end leave `rows` (dropping their
-    /// caches) and are returned. On error `rows` is left as it was.
+    /// Builds and queues one decode forward over the rows marked in `stepping`, in groups of
+    /// at most [`Decoder::rows_per_forward`] rows; returns their picks (lazy, in row order).
+    fn queue_step<T>(&self, rows: &mut [Row<T>], stepping: &[bool]) -> Result<Array> {
+        let mut members: Vec<&mut Row<T>> = rows
+            .iter_mut()
+            .zip(stepping)
+            .filter(|(_, &s)| s)
+            .map(|(r, _)| r)
+            .collect();
+        let mut parts = Vec::new();
+        for group in members.chunks_mut(self.rows_per_forward.max(1)) {
+            let mut inputs = Vec::with_capacity(group.len());
+            let mut stacks = Vec::with_capacity(group.len());
+            for r in group.iter() {
+                inputs.push(match &r.pending {
+                    Some(p) => p.input()?,
+                    None => Array::from_slice(&[r.last as i32], &[1, 1]),
+                });
+                stacks.push(r.adapters.clone());
+            }
+            let tokens = if inputs.len() == 1 {
+                inputs.swap_remove(0)
+            } else {
+                concatenate(&inputs, 0)?
+            };
+            let ctx = self.ctx(stacks)?;
+            let mut caches: Vec<&mut RowCache> = group.iter_mut().map(|r| &mut r.cache).collect();
+            let picks = step_picks(self.model, &tokens, &mut caches, &ctx)?;
+            if picks.size() != caches.len() {
+                return Err(Error::Internal(format!(
+                    "a decode step over {} rows returned {} tokens",
+                    caches.len(),
+                    picks.size()
+                )));
+            }
+            parts.push(picks);
+        }
+        let picks = if parts.len() == 1 {
+            parts.swap_remove(0)
+        } else {
+            concatenate(&parts, 0)?
+        };
+        async_eval([&picks])?;
+        Ok(picks)
+    }
+
+    /// One decode step over the running rows, pipelined: queues the next step (on the pending
+    /// tokens, still lazy), then reads the pending tokens and applies the serial rule to them.
+    /// Rows that end leave `rows` (dropping their caches) and are returned. On error `rows`
+    /// is left as it was.
     pub fn step<T>(&self, rows: &mut Vec<Row<T>>) -> Result<Vec<(T, RowOutput)>> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let last: Vec<u32> = rows.iter().map(|r| r.last).collect();
-        let ctx = self.ctx(rows.iter().map(|r| r.adapters.clone()).collect())?;
         let started = Instant::now();
-        let next = {
-            let mut caches: Vec<&mut RowCache> = rows.iter_mut().map(|r| &mut r.cache).collect();
-            decode_step(self.model, &last, &mut caches, &ctx)?
+        // Every row steps but those whose pending token is surely their last.
+        let stepping: Vec<bool> = rows
+            .iter()
+            .map(|r| r.pending.is_none() || r.ids.len() + 1 < r.max_tokens)
+            .collect();
+        let queued = if stepping.contains(&true) {
+            let picks = self.queue_step(rows, &stepping)?;
+            Some(Rc::new(Picks {
+                array: picks,
+                host: OnceCell::new(),
+            }))
+        } else {
+            None
         };
+        // The previous step's tokens (waits for that step only: this one stays queued).
+        let taken: Vec<Option<u32>> = rows
+            .iter()
+            .map(|r| r.pending.as_ref().map(Pending::read).transpose())
+            .collect::<Result<_>>()?;
         let took = started.elapsed();
-        if next.len() != rows.len() {
-            return Err(Error::Internal(format!(
-                "a decode step over {} rows returned {} tokens",
-                rows.len(),
-                next.len()
-            )));
-        }
         let mut done = Vec::new();
         let mut keep = Vec::with_capacity(rows.len());
-        for (mut row, token) in rows.drain(..).zip(next) {
+        let mut index = 0;
+        for ((mut row, token), steps) in rows.drain(..).zip(taken).zip(stepping) {
             row.decode_time += took;
-            match row.take(token, self.stop_ids) {
-                Ok(row) => keep.push(row),
-                Err(finished) => done.push(finished),
-            }
+            let next = match (&queued, steps) {
+                (Some(picks), true) => {
+                    index += 1;
+                    Some(Pending {
+                        picks: picks.clone(),
+                        index: index - 1,
+                    })
+                }
+                _ => None,
+            };
+            row.pending = None;
+            let row = match token {
+                Some(token) => match row.take(token, self.stop_ids) {
+                    Ok(row) => row,
+                    Err(finished) => {
+                        done.push(finished);
+                        continue;
+                    }
+                },
+                None => row,
+            };
+            // A row that did not step keeps no pending token: it steps on `last` next time.
+            keep.push(Row {
+                pending: next,
+                ..row
+            });
         }
         *rows = keep;
         Ok(done)
@@ -310,6 +464,17 @@ impl<'a> Decoder<'a> {
         out.into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Error::Internal("a row was never run".into()))))
             .collect()
+    }
+}
+
+fn rows_per_forward_default() -> usize {
+    match std::env::var("MEMEXEC_ROWS_PER_FORWARD")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        Some(0) => usize::MAX,
+        Some(n) => n,
+        None => ROWS_PER_FORWARD,
     }
 }
 

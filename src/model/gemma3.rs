@@ -1,10 +1,9 @@
 //! The Gemma-3 text model (mlx-lm `gemma3_text.py`): `1 + w` norms, `query_pre_attn_scalar`
 //! attention scale, local / global RoPE bases, every `sliding_window_pattern`-th layer global.
-use mlx_rs::ops::clip;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
-use super::activation::gelu_approx;
+use super::activation::{clip_residual, gelu_approx};
 use super::attention::{row, sdpa, stack_rows};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
@@ -67,18 +66,6 @@ pub fn sanitize_key(wrapped: bool, key: &str) -> Option<String> {
         return None;
     }
     Some(key.to_string())
-}
-
-/// `x + y`, clipped to the f16 range when activations are f16 (mlx-lm `clip_residual`).
-fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
-    if x.dtype() != Dtype::Float16 {
-        return Ok(x.add(y)?);
-    }
-    let bound = 65504.0f32;
-    let s = x
-        .as_dtype(Dtype::Float32)?
-        .add(y.as_dtype(Dtype::Float32)?)?;
-    Ok(clip(&s, (Array::from_f32(-bound), Array::from_f32(bound)))?.as_dtype(Dtype::Float16)?)
 }
 
 impl Gemma3 {

@@ -3,7 +3,7 @@
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
-use super::activation::{gelu_approx, scalar, softcap};
+use super::activation::{geglu, gelu_approx, scalar, softcap};
 use super::attention::{row, sdpa, stack_rows};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
@@ -50,8 +50,10 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
-        let gate = gelu_approx(&self.gate_proj.forward(x, ctx)?)?;
-        let h = gate.multiply(self.up_proj.forward(x, ctx)?)?;
+        let h = geglu(
+            &self.gate_proj.forward(x, ctx)?,
+            &self.up_proj.forward(x, ctx)?,
+        )?;
         self.down_proj.forward(&h, ctx)
     }
 }
