@@ -146,6 +146,7 @@ pub fn prefill_lazy(
     let Some((&last, head)) = prompt.split_last() else {
         return Err(Error::InvalidArgument("empty prompt".into()));
     };
+    model.check_ids(prompt)?;
     prefill_head(model, head, cache, step, ctx)?;
     decode_step_lazy(model, &ids_array(&[last], &[1, 1])?, &mut [cache], ctx)
 }
@@ -187,7 +188,8 @@ pub fn step_picks(
     caches: &mut [&mut RowCache],
     ctx: &ForwardCtx,
 ) -> Result<Array> {
-    let logits = model.forward(tokens, caches, ctx)?;
+    // The tokens are picks of this model or prompt ids checked by `prefill_lazy`.
+    let logits = model.forward_own_tokens(tokens, caches, ctx)?;
     argmax_lazy(&logits, model.info().dtype)
 }
 
@@ -199,6 +201,7 @@ pub fn decode_step(
     caches: &mut [&mut RowCache],
     ctx: &ForwardCtx,
 ) -> Result<Vec<u32>> {
+    model.check_ids(last)?;
     let tokens = ids_array(last, &[last.len() as i32, 1])?;
     read_tokens(&decode_step_lazy(model, &tokens, caches, ctx)?)
 }
@@ -210,6 +213,17 @@ pub fn decode_step(
 /// are those of the unpipelined loop (same graphs; only the moment of reading changes); when
 /// the read token ends the generation, the one step queued past it is dropped with the cache.
 pub fn greedy(model: &Model, prompt: &[u32], opts: GenerateOptions) -> Result<Generation> {
+    greedy_until(model, prompt, opts, || Ok(()))
+}
+
+/// [`greedy`], asking `interrupted` before each decode step is queued: an error from it ends
+/// the generation with that error (the engine's cancellation and shutdown checks).
+pub fn greedy_until(
+    model: &Model,
+    prompt: &[u32],
+    opts: GenerateOptions,
+    mut interrupted: impl FnMut() -> Result<()>,
+) -> Result<Generation> {
     let ctx = ForwardCtx::with_adapters(opts.adapters.clone());
     let stop_ids = opts
         .stop_ids
@@ -231,6 +245,7 @@ pub fn greedy(model: &Model, prompt: &[u32], opts: GenerateOptions) -> Result<Ge
     let mut decode_start = Instant::now();
     let stop = loop {
         // Queue the next step before reading this token (unless this one is surely the last).
+        interrupted()?;
         let next = if ids.len() + 1 < opts.max_tokens {
             // The model takes int32 ids (exact: ids < 2^31).
             let tokens = pending.reshape(&[1, 1])?.as_dtype(Dtype::Int32)?;

@@ -211,7 +211,7 @@ impl<'a> Decoder<'a> {
             stop_ids,
             registry: None,
             bytes_per_token: Cell::new(0),
-            rows_per_forward: rows_per_forward_default(),
+            rows_per_forward: rows_per_forward_default(model),
         }
     }
 
@@ -220,7 +220,8 @@ impl<'a> Decoder<'a> {
     /// not depend on how many rows share its forward, and MLX's quantized matmul picks its
     /// kernel by row count (CUDA: the row-wise `qmv` kernel, the serial path's, while
     /// rows < 8; a tiled `qmm` kernel, which rounds differently, from 8 rows on). Default
-    /// [`ROWS_PER_FORWARD`]; `MEMEXEC_ROWS_PER_FORWARD` overrides it (0 = no limit).
+    /// [`ROWS_PER_FORWARD`] on a GPU, no limit on the CPU; `MEMEXEC_ROWS_PER_FORWARD`
+    /// overrides it (0 = no limit).
     pub fn rows_per_forward(&self) -> usize {
         self.rows_per_forward
     }
@@ -467,13 +468,18 @@ impl<'a> Decoder<'a> {
     }
 }
 
-fn rows_per_forward_default() -> usize {
+/// [`ROWS_PER_FORWARD`] on a GPU; no limit on the CPU, whose kernels are row-count
+/// independent (the packed kernel computes each row alone; dense products are padded to one
+/// GEMM path, see `model::linear::padded_rows`) and where one forward per step is what lets
+/// the rows share each weight read.
+fn rows_per_forward_default(model: &Model) -> usize {
     match std::env::var("MEMEXEC_ROWS_PER_FORWARD")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
     {
         Some(0) => usize::MAX,
         Some(n) => n,
+        None if model.info().on_cpu => usize::MAX,
         None => ROWS_PER_FORWARD,
     }
 }

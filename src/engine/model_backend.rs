@@ -3,16 +3,15 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
 
 use mlx_rs::Device;
 
 use super::backend::{Backend, BackendInfo, Generate};
 use super::request::{Completion, Job, StopReason};
 use crate::config::{Config, DeviceChoice};
-use crate::generate::{decode_step, prefill, PREFILL_STEP};
+use crate::generate::{greedy_until, GenerateOptions, StopReason as GenStop, PREFILL_STEP};
 use crate::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
-use crate::model::{ForwardCtx, Model};
+use crate::model::Model;
 use crate::prompt::Prompter;
 use crate::{Error, Result};
 
@@ -173,37 +172,27 @@ impl Generate for ModelBackend {
             return Err(e);
         }
         let stack = self.stage_stack(&job.stage);
-        let ctx =
-            ForwardCtx::with_adapters(Activation::per_row(self.adapters.clone(), vec![stack])?);
-        let mut cache = self.model.new_cache();
-        let started = Instant::now();
-        let mut next = prefill(&self.model, &prompt, &mut cache, PREFILL_STEP, &ctx)?;
-        let prefill_time = started.elapsed();
-        let decode_start = Instant::now();
-        let mut ids = Vec::new();
-        let stop = loop {
-            if self.stop_ids.contains(&next) {
-                break StopReason::Eos;
-            }
-            ids.push(next);
-            if ids.len() >= job.max_tokens {
-                break StopReason::MaxTokens;
-            }
-            if let Some(e) = job.interruption() {
-                return Err(e);
-            }
-            next = *decode_step(&self.model, &[next], &mut [&mut cache], &ctx)?
-                .first()
-                .ok_or_else(|| Error::Internal("a decode step returned no token".into()))?;
+        let opts = GenerateOptions {
+            max_tokens: job.max_tokens,
+            prefill_step: PREFILL_STEP,
+            stop_ids: Some(self.stop_ids.clone()),
+            adapters: Activation::per_row(self.adapters.clone(), vec![stack])?,
         };
-        let decode_time = decode_start.elapsed();
+        let g = greedy_until(&self.model, &prompt, opts, || match job.interruption() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        })?;
+        let stop = match g.stop {
+            GenStop::Eos(_) => StopReason::Eos,
+            GenStop::MaxTokens => StopReason::MaxTokens,
+        };
         Ok(Completion {
-            text: self.prompter.tokenizer().decode(&ids)?,
-            ids,
+            text: self.prompter.tokenizer().decode(&g.ids)?,
+            ids: g.ids,
             prompt_tokens: prompt.len(),
             stop,
-            prefill_time,
-            decode_time,
+            prefill_time: g.prefill_time,
+            decode_time: g.decode_time,
         })
     }
 

@@ -65,6 +65,8 @@ pub struct ModelInfo {
     pub weight_bytes: usize,
     /// The form the quantized matrices were loaded in.
     pub weight_form: WeightForm,
+    /// Whether MLX's default device was the CPU when the model loaded (where it runs).
+    pub on_cpu: bool,
 }
 
 enum Arch {
@@ -141,6 +143,7 @@ impl Model {
             dtype,
             weight_bytes,
             weight_form,
+            on_cpu: facts.cpu,
         };
         let mut model = Model {
             arch,
@@ -194,6 +197,41 @@ impl Model {
         ctx: &ForwardCtx,
     ) -> Result<Array> {
         self.check_tokens(tokens, caches)?;
+        self.check_ids_of(tokens)?;
+        self.forward_unchecked_ids(tokens, caches, ctx)
+    }
+
+    /// [`Model::forward`] for tokens this model picked itself (argmax over its own
+    /// vocabulary: in range by construction). Their values are not read, so they may still be
+    /// lazy: a decode step can be queued on the previous step's picks before those are
+    /// computed (mlx-lm's pipelining). Shapes and dtype are still checked.
+    pub fn forward_own_tokens(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut RowCache],
+        ctx: &ForwardCtx,
+    ) -> Result<Array> {
+        self.check_tokens(tokens, caches)?;
+        self.forward_unchecked_ids(tokens, caches, ctx)
+    }
+
+    /// Fails unless every id of `ids` is in the vocabulary.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let vocab = self.info.vocab_size as u64;
+        match ids.iter().find(|&&t| t as u64 >= vocab) {
+            Some(t) => Err(Error::InvalidArgument(format!(
+                "token id {t} outside the vocabulary (size {vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn forward_unchecked_ids(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut RowCache],
+        ctx: &ForwardCtx,
+    ) -> Result<Array> {
         let logits = match &self.arch {
             Arch::Gemma4(m) => m.forward(tokens, caches, ctx)?,
             Arch::Gemma3(m) => m.forward(tokens, caches, ctx)?,
@@ -230,6 +268,12 @@ impl Model {
                 c.len()
             ));
         }
+        Ok(())
+    }
+
+    /// Reads `tokens` (evaluating them) and fails on an id outside the vocabulary.
+    fn check_ids_of(&self, tokens: &Array) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
         tokens.eval()?;
         let vocab = self.info.vocab_size as i64;
         let ids = tokens
