@@ -405,6 +405,9 @@ pub fn run(args: Args) -> Result<()> {
                 "name": w["name"], "max_tokens": w["max_tokens"],
                 "prompt_lens": w["prompts"].as_array().map(|p| p.iter()
                     .map(|x| x.as_array().map_or(0, Vec::len)).collect::<Vec<_>>()),
+                // The exact ids, so that another engine (mlx-lm on another machine) can be run
+                // on the same prompts later.
+                "prompt_ids": w["prompts"],
             })).collect::<Vec<_>>(),
             "results": table, "mlx_lm": mlx_json,
         });
