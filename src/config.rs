@@ -31,7 +31,8 @@ pub struct Config {
     /// Per-stage settings; they override the built-in stage defaults.
     #[serde(default)]
     pub stages: BTreeMap<String, StageSpec>,
-    /// How many requests may share decode steps; default `$MLX_BUN_MEMORY_BATCH`, else 1.
+    /// How many requests may share decode steps; default `$MLX_BUN_MEMORY_BATCH`, else
+    /// [`DEFAULT_BATCH_WIDTH`].
     #[serde(default = "default_batch_width")]
     pub batch_width: usize,
     /// Where MLX runs.

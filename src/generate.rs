@@ -88,6 +88,13 @@ pub fn argmax_rows_in(logits: &Array, dtype: Dtype) -> Result<Vec<u32>> {
 /// that the next step can be built on them before the host reads them.
 pub fn argmax_lazy(logits: &Array, dtype: Dtype) -> Result<Array> {
     let rows = logits.dim(0);
+    if rows > 1 && !crate::model::attention::per_row_ops() {
+        // The same ops over all rows at once: each row is reduced alone (checked bit for bit
+        // against the one-row form by the batch exactness tests and the start-up self-check).
+        let l = logits.as_dtype(dtype)?;
+        let logprobs = l.subtract(l.logsumexp_axis(-1, true)?)?;
+        return Ok(argmax_axis(&logprobs, -1, false)?);
+    }
     let mut picks = Vec::with_capacity(rows as usize);
     for r in 0..rows {
         let l = if rows == 1 {

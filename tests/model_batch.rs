@@ -21,20 +21,33 @@ fn logits_rows(a: &Array) -> Vec<Vec<f32>> {
 
 #[test]
 fn batched_decode_equals_serial_bit_for_bit() {
-    batched_decode_equals_serial_in(WeightChoice::Quantized);
+    batched_decode_equals_serial_in(WeightChoice::Quantized, false);
 }
 
 /// The dense BLAS form: the row padding of dense products must make rows batch-independent.
 #[test]
 fn batched_decode_equals_serial_bit_for_bit_dense() {
-    batched_decode_equals_serial_in(WeightChoice::Dense);
+    batched_decode_equals_serial_in(WeightChoice::Dense, false);
 }
 
-fn batched_decode_equals_serial_in(form: WeightChoice) {
+/// Quantized products gathered per row (`gather_qmm`, the GPU decoder's path) against the
+/// serial `quantized_matmul`.
+#[test]
+fn batched_decode_equals_serial_bit_for_bit_gathered() {
+    batched_decode_equals_serial_in(WeightChoice::Quantized, true);
+}
+
+fn batched_decode_equals_serial_in(form: WeightChoice, gather: bool) {
     let fixture = "tiny-gemma4-q4-f32";
     let model = Model::load_with(&model_dir(fixture), form).expect("load");
     let oracle = oracle(fixture);
     let ctx = ForwardCtx::default();
+    let rows = oracle.prompts.len() + 1;
+    let batch_ctx = if gather {
+        ForwardCtx::default().gathering_rows(rows)
+    } else {
+        ForwardCtx::default()
+    };
     // Rows at different offsets: before, at and well past the 32-token window, plus a fresh row.
     let prompts: Vec<Vec<u32>> = oracle
         .prompts
@@ -65,18 +78,22 @@ fn batched_decode_equals_serial_in(form: WeightChoice) {
 
     for step in 0..6 {
         let mut serial_rows = Vec::new();
+        let mut serial_picks = Vec::new();
         for (cache, &t) in serial.iter_mut().zip(&last) {
             let l = model
                 .forward(&step_tokens(&[t]), &mut [cache], &ctx)
                 .expect("serial step");
             serial_rows.push(logits_rows(&l).remove(0));
+            serial_picks.extend(argmax_rows(&model, &l).expect("argmax"));
             cache.eval().expect("eval");
         }
         let mut refs: Vec<&mut RowCache> = batched.iter_mut().collect();
         let logits = model
-            .forward(&step_tokens(&last), &mut refs, &ctx)
+            .forward(&step_tokens(&last), &mut refs, &batch_ctx)
             .expect("batched step");
+        // The batched pick (all rows at once) must be each row's one-row pick.
         let next = argmax_rows(&model, &logits).expect("argmax");
+        assert_eq!(next, serial_picks, "step {step}: batched greedy picks");
         let rows = logits_rows(&logits);
         for (r, (ours, theirs)) in rows.iter().zip(&serial_rows).enumerate() {
             let same = ours

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The C host test: compiled with cc against include/memexec.h, linked to the cdylib, run, then
 # run again under valgrind (no definite leaks; a smaller thread load, valgrind being slow).
+# The valgrind run is serial (MLX_BUN_MEMORY_BATCH=1): each batched engine start runs the
+# batched-vs-serial self-check, ~450 s per start under valgrind; the batched path's memory
+# is covered by tests/batch_exact.rs (1000 batches without active-memory growth).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/host-oracle.sh
@@ -8,5 +11,5 @@ OUT=target/host-oracle
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -pthread -Iinclude -I"$OUT" tests/c_host/host.c \
   -Ltarget/debug -lmemexec -Wl,-rpath,"$PWD/target/debug" -o "$OUT/c_host"
 "$OUT/c_host"
-MEMEXEC_HOST_QUICK=1 valgrind --quiet --leak-check=full --errors-for-leak-kinds=definite \
+MEMEXEC_HOST_QUICK=1 MLX_BUN_MEMORY_BATCH=1 valgrind --quiet --leak-check=full --errors-for-leak-kinds=definite \
   --show-leak-kinds=definite --error-exitcode=99 "$OUT/c_host"

@@ -1,14 +1,77 @@
-//! Pieces of attention shared by the architectures: row slicing and per-row SDPA.
+//! Pieces of attention shared by the architectures: row slicing, RoPE at per-row offsets and
+//! per-row SDPA.
 //!
-//! A batch of B rows runs projections on the stacked activations, but attention runs per row
-//! over that row's own unpadded keys / values, so each row computes exactly what B = 1 does.
+//! A batch of B rows runs projections and RoPE on the stacked activations, but attention runs
+//! per row over that row's own unpadded keys / values, so each row computes exactly what B = 1
+//! does.
+use std::sync::OnceLock;
+
 use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use super::cache::Mask;
+use super::rope::Rope;
 use crate::error::Result;
+
+/// Whether row-wise steps that MLX can do for all rows at once (RoPE at per-row offsets, the
+/// greedy pick) run once per row instead: `MEMEXEC_ROW_OPS=per-row`. A diagnostic switch for
+/// measuring and for a device whose batched kernels would not be row-exact; the start-up
+/// self-check catches the latter either way.
+pub fn per_row_ops() -> bool {
+    static PER_ROW: OnceLock<bool> = OnceLock::new();
+    *PER_ROW.get_or_init(|| {
+        std::env::var("MEMEXEC_ROW_OPS").is_ok_and(|v| v.trim().eq_ignore_ascii_case("per-row"))
+    })
+}
+
+/// The RoPE position offset of each row of a forward call (the positions its cache had seen).
+pub struct RowOffsets {
+    offsets: Vec<i32>,
+    /// `offsets` as an int32 device array, made on first use.
+    array: Option<Array>,
+}
+
+impl RowOffsets {
+    /// Offsets of rows `0..offsets.len()`.
+    pub fn new(offsets: Vec<i32>) -> RowOffsets {
+        RowOffsets {
+            offsets,
+            array: None,
+        }
+    }
+
+    /// Row `r`'s offset.
+    pub fn of(&self, r: usize) -> i32 {
+        self.offsets.get(r).copied().unwrap_or(0)
+    }
+
+    /// Whether these are the offsets `offsets`.
+    pub fn same(&self, offsets: &[i32]) -> bool {
+        self.offsets == offsets
+    }
+
+    /// `rope` over `x` `[B, heads, L, head_dim]`, row `r` at its own offset. One op for all
+    /// rows: MLX's RoPE takes the offset as an array in every form (a scalar offset is a
+    /// one-element array), so row `r` gets the bits of its one-row call.
+    pub fn rotate(&mut self, rope: &Rope, x: &Array) -> Result<Array> {
+        if self.offsets.len() <= 1 {
+            return rope.forward(x, self.of(0));
+        }
+        if per_row_ops() {
+            let rows = (0..self.offsets.len())
+                .map(|r| rope.forward(&row(x, r)?, self.of(r)))
+                .collect::<Result<Vec<_>>>()?;
+            return stack_rows(rows);
+        }
+        let n = self.offsets.len() as i32;
+        let offsets = self
+            .array
+            .get_or_insert_with(|| Array::from_slice(&self.offsets, &[n]));
+        rope.forward_rows(x, offsets)
+    }
+}
 
 /// Row `b` of a batch-major array, keeping the batch axis (`x[b:b+1]`).
 pub fn row(x: &Array, b: usize) -> Result<Array> {

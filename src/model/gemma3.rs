@@ -4,7 +4,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{clip_residual, gelu_approx};
-use super::attention::{row, sdpa, stack_rows};
+use super::attention::{row, sdpa, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
 use super::linear::{Embedding, Linear};
@@ -231,6 +231,7 @@ impl Gemma3 {
             masks.push([global, sliding]);
         }
 
+        let mut row_offsets: Option<RowOffsets> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
             let (nh, nkv, hd) = (
@@ -256,13 +257,21 @@ impl Gemma3 {
                 .transpose_axes(&[0, 2, 1, 3])?;
             let q = a.q_norm.forward(&q)?;
             let k = a.k_norm.forward(&k)?;
+            let offsets: Vec<i32> = caches
+                .iter()
+                .map(|c| c.layer(i).map(|lc| lc.offset()).ok_or_else(|| cache_err(i)))
+                .collect::<Result<_>>()?;
+            if !row_offsets.as_ref().is_some_and(|o| o.same(&offsets)) {
+                row_offsets = Some(RowOffsets::new(offsets));
+            }
+            let offsets = row_offsets.as_mut().ok_or_else(|| cache_err(i))?;
+            let q = offsets.rotate(&a.rope, &q)?;
+            let k = offsets.rotate(&a.rope, &k)?;
             let mut outs = Vec::with_capacity(caches.len());
             for (r, cache) in caches.iter_mut().enumerate() {
                 let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                let offset = lc.offset();
-                let qr = a.rope.forward(&row(&q, r)?, offset)?;
-                let kr = a.rope.forward(&row(&k, r)?, offset)?;
-                let (keys, values) = lc.update_and_fetch(&kr, &row(&v, r)?)?;
+                let qr = row(&q, r)?;
+                let (keys, values) = lc.update_and_fetch(&row(&k, r)?, &row(&v, r)?)?;
                 let mask = &masks[r][if layer.layer_type == LayerType::Full {
                     0
                 } else {
@@ -292,7 +301,7 @@ impl Gemma3 {
         let last = self.norm.forward(&last)?;
         let logits = match &self.lm_head {
             Some(head) => head.forward(&last, ctx)?,
-            None => self.embed_tokens.as_linear(&last)?,
+            None => self.embed_tokens.as_linear(&last, ctx)?,
         };
         Ok(logits.reshape(&[b, self.cfg.vocab_size])?)
     }

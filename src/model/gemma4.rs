@@ -4,7 +4,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{geglu, gelu_approx, scalar, softcap};
-use super::attention::{row, sdpa, stack_rows};
+use super::attention::{row, sdpa, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::linear::{Embedding, Linear};
@@ -428,6 +428,7 @@ impl Gemma4 {
 
         // Per layer, per row: the keys / values attention saw and the RoPE offset used.
         let mut kvs: Vec<Vec<(Array, Array, i32)>> = Vec::with_capacity(self.layers.len());
+        let mut row_offsets: Option<RowOffsets> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
             let x = layer.input_layernorm.forward(&h)?;
@@ -452,24 +453,42 @@ impl Gemma4 {
                 }
                 None => None,
             };
+            // Each row's RoPE offset: its cache's, or that of the layer it shares keys with.
+            let offsets: Vec<i32> = match &new_kv {
+                Some(_) => caches
+                    .iter()
+                    .map(|c| c.layer(i).map(|lc| lc.offset()).ok_or_else(|| cache_err(i)))
+                    .collect::<Result<_>>()?,
+                None => kvs
+                    .get(layer.kv_source)
+                    .map(|rows| rows.iter().map(|kv| kv.2).collect())
+                    .ok_or_else(|| cache_err(layer.kv_source))?,
+            };
+            if !row_offsets.as_ref().is_some_and(|o| o.same(&offsets)) {
+                row_offsets = Some(RowOffsets::new(offsets));
+            }
+            let offsets = row_offsets.as_mut().ok_or_else(|| cache_err(i))?;
+            let q = offsets.rotate(&a.rope, &q)?;
+            let new_kv = match new_kv {
+                Some((k, v)) => Some((offsets.rotate(&a.rope, &k)?, v)),
+                None => None,
+            };
             let mut outs = Vec::with_capacity(caches.len());
             let mut row_kvs = Vec::with_capacity(caches.len());
             for (r, cache) in caches.iter_mut().enumerate() {
-                let (keys, values, offset) = match &new_kv {
+                let offset = offsets.of(r);
+                let (keys, values) = match &new_kv {
                     Some((k, v)) => {
                         let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                        let offset = lc.offset();
-                        let k = a.rope.forward(&row(k, r)?, offset)?;
-                        let (keys, values) = lc.update_and_fetch(&k, &row(v, r)?)?;
-                        (keys, values, offset)
+                        lc.update_and_fetch(&row(k, r)?, &row(v, r)?)?
                     }
                     None => kvs
                         .get(layer.kv_source)
                         .and_then(|rows| rows.get(r))
-                        .cloned()
+                        .map(|kv| (kv.0.clone(), kv.1.clone()))
                         .ok_or_else(|| cache_err(layer.kv_source))?,
                 };
-                let qr = a.rope.forward(&row(&q, r)?, offset)?;
+                let qr = row(&q, r)?;
                 outs.push(sdpa(
                     &qr,
                     &keys,
@@ -509,7 +528,7 @@ impl Gemma4 {
         let last = self.norm.forward(&last)?;
         let mut logits = match &self.lm_head {
             Some(head) => head.forward(&last, ctx)?,
-            None => self.embed_tokens.as_linear(&last)?,
+            None => self.embed_tokens.as_linear(&last, ctx)?,
         };
         if let Some(cap) = self.cfg.final_logit_softcapping {
             logits = softcap(&logits, cap)?;

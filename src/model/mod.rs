@@ -37,12 +37,29 @@ pub struct ForwardCtx {
     /// The LoRA adapters of each row, or `None` for the base model on every row (then no
     /// adapter operation runs at all).
     pub adapters: Option<crate::lora::Activation>,
+    /// `Some(0..B)` (uint32) when each of the B rows of this forward must run the one-row
+    /// quantized kernel: quantized products then go through `gather_qmm` (see
+    /// [`linear::Linear::forward`]). Set by the batching decoder on a GPU.
+    pub row_gather: Option<Array>,
 }
 
 impl ForwardCtx {
     /// A call whose rows run with `adapters` (`None`: the base model).
     pub fn with_adapters(adapters: Option<crate::lora::Activation>) -> ForwardCtx {
-        ForwardCtx { adapters }
+        ForwardCtx {
+            adapters,
+            row_gather: None,
+        }
+    }
+
+    /// This call, with each of its `rows` rows run through the one-row quantized kernel
+    /// (nothing changes for one row).
+    pub fn gathering_rows(mut self, rows: usize) -> ForwardCtx {
+        self.row_gather = (rows > 1).then(|| {
+            let ids: Vec<u32> = (0..rows as u32).collect();
+            Array::from_slice(&ids, &[rows as i32])
+        });
+        self
     }
 }
 

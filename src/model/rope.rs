@@ -1,5 +1,5 @@
 //! Rotary position embeddings (non-traditional = rotate-half unless configured otherwise).
-use mlx_rs::fast::rope;
+use mlx_rs::fast::{rope, rope_dynamic};
 use mlx_rs::ops::{concatenate, full, power};
 use mlx_rs::Array;
 
@@ -76,6 +76,20 @@ impl Rope {
             self.base,
             self.scale,
             offset,
+            self.freqs.as_ref(),
+        )?)
+    }
+
+    /// Rotates `x` `[B, heads, L, head_dim]`, row `b` for positions `offsets[b]..+L`
+    /// (`offsets`: int32 `[B]`).
+    pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        Ok(rope_dynamic(
+            x,
+            self.dims,
+            self.traditional,
+            self.base,
+            self.scale,
+            offsets,
             self.freqs.as_ref(),
         )?)
     }

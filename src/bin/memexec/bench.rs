@@ -176,7 +176,8 @@ fn mode_name(mode: Option<usize>) -> String {
     }
 }
 
-fn mlx_lm(args: &Args, wls: &[Value]) -> Result<Value> {
+/// Runs scripts/bench/mlx_lm_bench.py on the same prompt ids, on `device` (`cpu` / `gpu`).
+fn mlx_lm(args: &Args, wls: &[Value], device: &str) -> Result<Value> {
     let dir = std::env::temp_dir().join(format!("memexec-bench-{}", std::process::id()));
     let io = |path: &Path, e: std::io::Error| Error::Io {
         path: path.to_path_buf(),
@@ -206,8 +207,14 @@ fn mlx_lm(args: &Args, wls: &[Value]) -> Result<Value> {
         .collect();
     std::fs::write(&input, json!({ "workloads": wls }).to_string()).map_err(|e| io(&input, e))?;
     let script = Path::new("scripts/bench/mlx_lm_bench.py");
-    let status = std::process::Command::new(&args.python)
-        .arg(script)
+    let mut cmd = std::process::Command::new(&args.python);
+    cmd.arg(script);
+    if device == "gpu" {
+        // A short untimed run per configuration meets every kernel shape; a full one would
+        // double the device time.
+        cmd.args(["--warmup-tokens", "8"]);
+    }
+    let status = cmd
         .arg("--model")
         .arg(&args.model)
         .arg("--workloads")
@@ -219,7 +226,7 @@ fn mlx_lm(args: &Args, wls: &[Value]) -> Result<Value> {
         .arg("--reps")
         .arg(args.mlx_lm_reps.unwrap_or(args.reps).to_string())
         .arg("--device")
-        .arg("cpu")
+        .arg(device)
         .status()
         .map_err(|e| io(&args.python, e))?;
     if !status.success() {
@@ -243,6 +250,11 @@ pub fn run(args: Args) -> Result<()> {
     config.weights = args.weights;
     let backend = ModelBackend::load(&config)?;
     let weights = backend.model().info().weight_form.name();
+    let device = if backend.model().info().on_cpu {
+        "cpu"
+    } else {
+        "gpu"
+    };
     eprintln!(
         "loaded {} ({weights} matrices) in {:.1}s",
         args.model.display(),
@@ -340,7 +352,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let mut mlx_json = Value::Null;
     if !args.no_mlx_lm && !wls_json.is_empty() {
-        mlx_json = mlx_lm(&args, &wls_json)?;
+        mlx_json = mlx_lm(&args, &wls_json, device)?;
         let empty = Vec::new();
         let mut extra = Vec::new();
         for w in mlx_json["workloads"].as_array().unwrap_or(&empty) {
@@ -393,12 +405,20 @@ pub fn run(args: Args) -> Result<()> {
         table.extend(extra);
     }
     print_table(&table);
+    let probe = Decoder::new(backend.model(), backend.stop_ids());
+    let decoder_facts = json!({
+        "row_gather": probe.row_gather(),
+        "rows_per_forward": (probe.rows_per_forward() != usize::MAX)
+            .then_some(probe.rows_per_forward()),
+        "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
+    });
     if let Some(path) = &args.json_out {
         let doc = json!({
             "schema": 1, "tool": "memexec bench", "model": args.model,
             "date_unix": std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            "device": "cpu", "weights": weights, "blas": blas_library(),
+            "device": device, "weights": weights, "blas": blas_library(),
+            "decoder": decoder_facts,
             "reps": args.reps, "widths": args.widths, "seed": args.seed,
             "max_tokens_cap": args.max_tokens, "prompts_cap": args.prompts,
             "workloads": wls_json.iter().map(|w| json!({

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The measurement steps of one H200 round, run THERE through scripts/gpu/remote.sh (which
+# exports MEMEXEC E4B TINY OUT PY and installs everything first). One step per argument, so a
+# device call can run several and stay under its 10-minute limit:
+#   check   row-exactness facts of MLX on this device (row_kernels.py) + memexec vs mlx-lm
+#           greedy ids on the e4b checkpoint (e4b_parity.py)
+#   warm    first-use kernel JIT of every decode shape (a short bench, a generate), then the
+#           single-stream decode speed of `memexec generate` (400 random ids, 128 new, x2)
+#   bench   `memexec bench` on e4b: serial and widths 1-16 on EXTRACT/SHORT/UNIFORM, with
+#           mlx-lm (generate_step / batch_generate) on the same prompt ids, in one JSON
+#   ab      the same bench on EXTRACT at width 8 with the previous decoder (7-row forwards,
+#           no per-row gather, per-row RoPE / picks): what this round's changes bought
+# Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")
+set -uo pipefail
+# MLX CUDA caches one CUDA graph per decode shape; the default cache thrashes ("Cache thrashing
+# is happening") over the many shapes of a batched bench.
+export MLX_CUDA_GRAPH_CACHE_SIZE=${MLX_CUDA_GRAPH_CACHE_SIZE:-4096}
+P400=$($PY -c "import random;r=random.Random(0);print(','.join(str(r.randrange(3,200000)) for _ in range(400)))")
+rc=0
+for step in "$@"; do
+  echo "--- step $step"
+  case "$step" in
+  check)
+    timeout 240 $PY scripts/gpu/row_kernels.py --out "$OUT/row-kernels.json" || rc=1
+    timeout 200 $PY scripts/gpu/e4b_parity.py "$MEMEXEC" "$E4B" "$OUT/e4b-parity.json" \
+      --lengths 23,100,400 --tokens 32 || rc=1 ;;
+  warm)
+    $MEMEXEC generate --model "$E4B" --prompt-ids "$P400" --max-tokens 16 --ignore-eos --json >/dev/null || rc=1
+    timeout 150 $MEMEXEC bench --model "$E4B" --reps 1 --max-tokens 3 --no-mlx-lm 2>&1 | tail -3
+    for i in 1 2; do
+      $MEMEXEC generate --model "$E4B" --prompt-ids "$P400" --max-tokens 128 --ignore-eos --json |
+        $PY -c "import json,sys;d=json.load(sys.stdin);print('generate P400 x128', {k:d.get(k) for k in ['prefill_tokens_per_s','decode_tokens_per_s']})" || rc=1
+    done ;;
+  bench)
+    timeout 560 $MEMEXEC bench --model "$E4B" --reps 2 --mlx-lm-reps 1 --python "$PY" \
+      --json-out "$OUT/memexec-bench.json" || rc=1 ;;
+  ab)
+    MEMEXEC_ROW_GATHER=0 MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
+      --workloads EXTRACT --widths 8 --reps 2 --no-mlx-lm --json-out "$OUT/memexec-bench-before.json" || rc=1 ;;
+  *) echo "unknown step $step"; rc=2 ;;
+  esac
+done
+exit $rc
