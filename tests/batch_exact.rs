@@ -73,31 +73,18 @@ fn mixed_batches_equal_serial_at_every_width() {
         let rows = mixed_rows();
         let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, None)).collect();
         assert!(want.iter().any(|w| w.len() > 3), "the rows should generate");
-        // The packed form also runs with quantized products gathered per row (the GPU
-        // decoder's path; on the CPU it must give the same bits as the plain product).
-        let gathers: &[bool] = match form {
-            WeightChoice::Quantized => &[false, true],
-            _ => &[false],
-        };
-        for &gather in gathers {
-            let decoder = Decoder::new(&model, &stop).with_row_gather(gather);
-            // Width 3 makes rows join as others leave (different max_tokens end them at
-            // different steps).
-            for width in [1, 3, 8, 16] {
-                let got = decoder.run_rows(
-                    rows.clone(),
-                    Limits {
-                        width,
-                        kv_budget: None,
-                    },
-                );
-                for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        &g.expect("row").ids,
-                        w,
-                        "width {width}, row {i}, gather {gather}"
-                    );
-                }
+        let decoder = Decoder::new(&model, &stop);
+        // Width 3 makes rows join as others leave (different max_tokens end them at different steps).
+        for width in [1, 3, 8, 16] {
+            let got = decoder.run_rows(
+                rows.clone(),
+                Limits {
+                    width,
+                    kv_budget: None,
+                },
+            );
+            for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+                assert_eq!(&g.expect("row").ids, w, "width {width}, row {i}");
             }
         }
     }
@@ -217,10 +204,7 @@ fn mixed_adapters_in_one_batch_equal_their_serial_runs() {
             })
             .collect();
         let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, Some(&reg))).collect();
-        // Adapter deltas on top of gathered products too (packed form).
-        let decoder = Decoder::new(&model, &stop)
-            .with_registry(reg.clone())
-            .with_row_gather(form == WeightChoice::Quantized);
+        let decoder = Decoder::new(&model, &stop).with_registry(reg.clone());
         let got = decoder.run_rows(
             rows,
             Limits {

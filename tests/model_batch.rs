@@ -21,33 +21,20 @@ fn logits_rows(a: &Array) -> Vec<Vec<f32>> {
 
 #[test]
 fn batched_decode_equals_serial_bit_for_bit() {
-    batched_decode_equals_serial_in(WeightChoice::Quantized, false);
+    batched_decode_equals_serial_in(WeightChoice::Quantized);
 }
 
 /// The dense BLAS form: the row padding of dense products must make rows batch-independent.
 #[test]
 fn batched_decode_equals_serial_bit_for_bit_dense() {
-    batched_decode_equals_serial_in(WeightChoice::Dense, false);
+    batched_decode_equals_serial_in(WeightChoice::Dense);
 }
 
-/// Quantized products gathered per row (`gather_qmm`, the GPU decoder's path) against the
-/// serial `quantized_matmul`.
-#[test]
-fn batched_decode_equals_serial_bit_for_bit_gathered() {
-    batched_decode_equals_serial_in(WeightChoice::Quantized, true);
-}
-
-fn batched_decode_equals_serial_in(form: WeightChoice, gather: bool) {
+fn batched_decode_equals_serial_in(form: WeightChoice) {
     let fixture = "tiny-gemma4-q4-f32";
     let model = Model::load_with(&model_dir(fixture), form).expect("load");
     let oracle = oracle(fixture);
     let ctx = ForwardCtx::default();
-    let rows = oracle.prompts.len() + 1;
-    let batch_ctx = if gather {
-        ForwardCtx::default().gathering_rows(rows)
-    } else {
-        ForwardCtx::default()
-    };
     // Rows at different offsets: before, at and well past the 32-token window, plus a fresh row.
     let prompts: Vec<Vec<u32>> = oracle
         .prompts
@@ -89,7 +76,7 @@ fn batched_decode_equals_serial_in(form: WeightChoice, gather: bool) {
         }
         let mut refs: Vec<&mut RowCache> = batched.iter_mut().collect();
         let logits = model
-            .forward(&step_tokens(&last), &mut refs, &batch_ctx)
+            .forward(&step_tokens(&last), &mut refs, &ctx)
             .expect("batched step");
         // The batched pick (all rows at once) must be each row's one-row pick.
         let next = argmax_rows(&model, &logits).expect("argmax");

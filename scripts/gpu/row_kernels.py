@@ -14,7 +14,7 @@ Prints a table and writes JSON (--out). Exit status 1 when a row-exactness fact 
 on (gather, RoPE, logsumexp/argmax) does not hold; the plain `quantized_matmul` row is only
 reported.
 
-Usage: row_kernels.py [--out FILE] [--device gpu|cpu] [--reps N]
+Usage: row_kernels.py [--out FILE] [--device gpu|cpu] [--reps N] [--sdpa-only]
 """
 import argparse
 import json
@@ -56,6 +56,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--sdpa-only", action="store_true",
+                    help="only the RoPE, pick and SDPA checks (skip the products)")
     args = ap.parse_args()
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     mx.random.seed(0)
@@ -64,7 +66,7 @@ def main():
            "rope": [], "argmax": []}
     relied_ok = True
 
-    for name, k, n in SHAPES:
+    for name, k, n in (SHAPES if not args.sdpa_only else []):
         w = (mx.random.normal((n, k)) * 0.05).astype(dt)
         wq, s, b = mx.quantize(w, group_size=64, bits=4)
         del w
@@ -130,6 +132,32 @@ def main():
         out["argmax"].append({"width": bw, "equal": ok})
     print("logsumexp/argmax over rows == one row at a time:",
           all(r["equal"] for r in out["argmax"]), flush=True)
+
+    # Reported only (memexec does not rely on it): one SDPA over all rows, keys padded to the
+    # longest row and masked, vs one SDPA per row over its own keys. Exact would let a
+    # batched KV cache run attention for all rows in one op.
+    out["padded_sdpa"] = []
+    for sdt in (mx.bfloat16, mx.float32):
+        for head_dim in (256, 512):
+            for bw in WIDTHS:
+                lens = [(97 * r * r + 31 * r + 5) % 1000 + 1 for r in range(bw)]
+                cap = max(lens)
+                qs = mx.random.normal((bw, 8, 1, head_dim)).astype(sdt)
+                ks = mx.random.normal((bw, 2, cap, head_dim)).astype(sdt)
+                vs = mx.random.normal((bw, 2, cap, head_dim)).astype(sdt)
+                alone = mx.concatenate([mx.fast.scaled_dot_product_attention(
+                    qs[r:r + 1], ks[r:r + 1, :, :lens[r]], vs[r:r + 1, :, :lens[r]], scale=1.0)
+                    for r in range(bw)])
+                mask = (mx.arange(cap)[None, :] < mx.array(lens)[:, None]).reshape(bw, 1, 1, cap)
+                together = mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=1.0, mask=mask)
+                out["padded_sdpa"].append({
+                    "dtype": str(sdt), "head_dim": head_dim, "width": bw,
+                    "equal": same(alone, together),
+                    "max_abs_diff": mx.abs(alone.astype(mx.float32)
+                                           - together.astype(mx.float32)).max().item()})
+    print("padded+masked SDPA over rows == per-row SDPA (reported only):",
+          [(r["dtype"], r["head_dim"], r["width"], r["equal"]) for r in out["padded_sdpa"]],
+          flush=True)
 
     out["relied_facts_hold"] = relied_ok
     if args.out:

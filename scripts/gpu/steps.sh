@@ -8,8 +8,8 @@
 #           single-stream decode speed of `memexec generate` (400 random ids, 128 new, x2)
 #   bench   `memexec bench` on e4b: serial and widths 1-16 on EXTRACT/SHORT/UNIFORM, with
 #           mlx-lm (generate_step / batch_generate) on the same prompt ids, in one JSON
-#   ab      the same bench on EXTRACT at width 8 with the previous decoder (7-row forwards,
-#           no per-row gather, per-row RoPE / picks): what this round's changes bought
+#   ab      the same bench on EXTRACT at width 8 with RoPE and the greedy pick run once per
+#           row (MEMEXEC_ROW_OPS=per-row, the decoder before 2026-11-30 session 3)
 # Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")
 set -uo pipefail
 # MLX CUDA caches one CUDA graph per decode shape; the default cache thrashes ("Cache thrashing
@@ -35,7 +35,7 @@ for step in "$@"; do
     timeout 560 $MEMEXEC bench --model "$E4B" --reps 2 --mlx-lm-reps 1 --python "$PY" \
       --json-out "$OUT/memexec-bench.json" || rc=1 ;;
   ab)
-    MEMEXEC_ROW_GATHER=0 MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
+    MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
       --workloads EXTRACT --widths 8 --reps 2 --no-mlx-lm --json-out "$OUT/memexec-bench-before.json" || rc=1 ;;
   *) echo "unknown step $step"; rc=2 ;;
   esac

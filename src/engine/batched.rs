@@ -198,48 +198,30 @@ pub struct Decoder<'a> {
     registry: Option<Rc<AdapterRegistry>>,
     bytes_per_token: Cell<u64>,
     rows_per_forward: usize,
-    row_gather: bool,
 }
 
-/// Rows per decode forward on a GPU when quantized products are not gathered per row (see
-/// [`Decoder::rows_per_forward`]).
+/// Rows per decode forward on a GPU (see [`Decoder::rows_per_forward`]).
 pub const ROWS_PER_FORWARD: usize = 7;
 
 impl<'a> Decoder<'a> {
     /// A decoder stopping at `stop_ids`, base model only.
     pub fn new(model: &'a Model, stop_ids: &'a [u32]) -> Decoder<'a> {
-        let row_gather = row_gather_default(model);
         Decoder {
             model,
             stop_ids,
             registry: None,
             bytes_per_token: Cell::new(0),
-            rows_per_forward: rows_per_forward_default(model, row_gather),
-            row_gather,
+            rows_per_forward: rows_per_forward_default(model),
         }
     }
 
-    /// Whether the quantized products of a multi-row decode forward run per row through
-    /// `gather_qmm` (see `model::linear::Linear::forward`). Why: a row's logits must not
-    /// depend on how many rows share its forward, and MLX's `quantized_matmul` picks its GPU
-    /// kernel by row count (CUDA: the row-wise `qmv`, the serial path's, while rows < 8; a
-    /// tiled `qmm`, which rounds differently, from 8 on). Default: on a GPU with packed
-    /// weights; `MEMEXEC_ROW_GATHER=0` turns it off. The CPU's packed kernel computes each row
-    /// alone already, and dense products are padded to one GEMM path.
-    pub fn row_gather(&self) -> bool {
-        self.row_gather
-    }
-
-    /// Sets [`Decoder::row_gather`] (the rows-per-forward limit is left as it is).
-    pub fn with_row_gather(mut self, on: bool) -> Decoder<'a> {
-        self.row_gather = on;
-        self
-    }
-
     /// At most this many rows go through one decode forward; a larger running set is stepped
-    /// as several forwards (all queued before any token is read). Default: no limit, except
-    /// [`ROWS_PER_FORWARD`] on a GPU without [`Decoder::row_gather`] (where 8 rows would
-    /// switch the quantized kernel); `MEMEXEC_ROWS_PER_FORWARD` overrides it (0 = no limit).
+    /// as several forwards (all queued before any token is read). Why: a row's logits must
+    /// not depend on how many rows share its forward, and MLX's quantized matmul picks its
+    /// GPU kernel by row count (CUDA: the row-wise `qmv` kernel, the serial path's, while
+    /// rows < 8; a tiled `qmm` kernel, which rounds differently, from 8 rows on; `gather_qmm`
+    /// switches the same way, see scripts/gpu/row_kernels.py). Default [`ROWS_PER_FORWARD`]
+    /// on a GPU, no limit on the CPU; `MEMEXEC_ROWS_PER_FORWARD` overrides it (0 = no limit).
     pub fn rows_per_forward(&self) -> usize {
         self.rows_per_forward
     }
@@ -346,10 +328,7 @@ impl<'a> Decoder<'a> {
             } else {
                 concatenate(&inputs, 0)?
             };
-            let mut ctx = self.ctx(stacks)?;
-            if self.row_gather {
-                ctx = ctx.gathering_rows(group.len());
-            }
+            let ctx = self.ctx(stacks)?;
             let mut caches: Vec<&mut RowCache> = group.iter_mut().map(|r| &mut r.cache).collect();
             let picks = step_picks(self.model, &tokens, &mut caches, &ctx)?;
             if picks.size() != caches.len() {
@@ -489,25 +468,18 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// On a GPU with packed weights, unless `MEMEXEC_ROW_GATHER=0`.
-fn row_gather_default(model: &Model) -> bool {
-    let info = model.info();
-    let off = std::env::var("MEMEXEC_ROW_GATHER").is_ok_and(|v| v.trim() == "0");
-    !off && !info.on_cpu && info.weight_form == crate::model::WeightForm::Packed
-}
-
-/// No limit (one forward per step is what lets the rows share each weight read), except
-/// [`ROWS_PER_FORWARD`] on a GPU whose quantized products are not gathered per row. The CPU's
-/// kernels are row-count independent (the packed kernel computes each row alone; dense
-/// products are padded to one GEMM path, see `model::linear::padded_rows`).
-fn rows_per_forward_default(model: &Model, row_gather: bool) -> usize {
+/// [`ROWS_PER_FORWARD`] on a GPU; no limit on the CPU, whose kernels are row-count
+/// independent (the packed kernel computes each row alone; dense products are padded to one
+/// GEMM path, see `model::linear::padded_rows`) and where one forward per step is what lets
+/// the rows share each weight read.
+fn rows_per_forward_default(model: &Model) -> usize {
     match std::env::var("MEMEXEC_ROWS_PER_FORWARD")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
     {
         Some(0) => usize::MAX,
         Some(n) => n,
-        None if model.info().on_cpu || row_gather => usize::MAX,
+        None if model.info().on_cpu => usize::MAX,
         None => ROWS_PER_FORWARD,
     }
 }

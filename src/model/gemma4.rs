@@ -528,7 +528,7 @@ impl Gemma4 {
         let last = self.norm.forward(&last)?;
         let mut logits = match &self.lm_head {
             Some(head) => head.forward(&last, ctx)?,
-            None => self.embed_tokens.as_linear(&last, ctx)?,
+            None => self.embed_tokens.as_linear(&last)?,
         };
         if let Some(cap) = self.cfg.final_logit_softcapping {
             logits = softcap(&logits, cap)?;

@@ -1,7 +1,7 @@
 //! Linear layers (dense or MLX affine-quantized) and the embedding table, which doubles as the
 //! tied output head (`as_linear`).
 use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::ops::{concatenate, dequantize, gather_qmm, matmul, quantized_matmul, zeros_dtype};
+use mlx_rs::ops::{concatenate, dequantize, matmul, quantized_matmul, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
 use super::config::{QuantConfig, QuantParams};
@@ -169,61 +169,17 @@ impl Linear {
 
     /// `x W^T` over the last axis of `x`.
     /// Rows with LoRA adapters on this module get their deltas added (see [`crate::lora`]).
-    ///
-    /// With `ctx.row_gather` set, a quantized product runs as `gather_qmm` over the rows of
-    /// `x`, one row per gathered product. Why: MLX's `quantized_matmul` picks its GPU kernel
-    /// by row count (CUDA: the row-wise `qmv` under 8 rows, a tiled `qmm` from 8 on, which
-    /// rounds differently), while `gather_qmm` with one row per index always runs the
-    /// row-wise kernel (CUDA `gather_qmv`, the same per-row code as `qmv`). So a decode step
-    /// of any width gives each row the bits of its one-row (serial) step in ONE forward.
     pub fn forward(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
-        let y = self.forward_base(x, ctx)?;
+        let y = self.forward_base(x)?;
         match &ctx.adapters {
             Some(adapters) => adapters.apply(&self.path, x, y),
             None => Ok(y),
         }
     }
 
-    fn forward_base(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
+    fn forward_base(&self, x: &Array) -> Result<Array> {
         Ok(match &self.matrix {
             Matrix::Dense { weight } => dense_matmul(x, weight)?,
-            Matrix::Quantized {
-                weight,
-                scales,
-                biases,
-                params,
-            } if ctx.row_gather.is_some() => {
-                let rows: i32 = x.shape()[..x.ndim().saturating_sub(1)].iter().product();
-                let indices = ctx
-                    .row_gather
-                    .as_ref()
-                    .filter(|i| i.size() == rows as usize);
-                let Some(indices) = indices else {
-                    return Err(Error::Internal(format!(
-                        "{}: row indices for a {rows}-row gather do not match input {:?}",
-                        self.path,
-                        x.shape()
-                    )));
-                };
-                let mut out_shape = x.shape().to_vec();
-                if let Some(last) = out_shape.last_mut() {
-                    *last = self.out_dim;
-                }
-                // Unsorted: MLX may route sorted indices to a tiled kernel.
-                gather_qmm(
-                    x.reshape(&[rows, 1, self.in_dim])?,
-                    weight,
-                    scales,
-                    biases,
-                    indices,
-                    None,
-                    true,
-                    params.group_size,
-                    params.bits,
-                    false,
-                )?
-                .reshape(&out_shape)?
-            }
             Matrix::Quantized {
                 weight,
                 scales,
@@ -263,8 +219,8 @@ impl Linear {
         })
     }
 
-    fn forward_head(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
-        self.forward_base(x, ctx)
+    fn forward_head(&self, x: &Array) -> Result<Array> {
+        self.forward_base(x)
     }
 }
 
@@ -348,8 +304,8 @@ impl Embedding {
     }
 
     /// The table used as an output head (tied embeddings): `x E^T`.
-    pub fn as_linear(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
-        self.table.forward_head(x, ctx)
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        self.table.forward_head(x)
     }
 
     /// The dtype of the embeddings (the model's activation dtype).

@@ -37,29 +37,12 @@ pub struct ForwardCtx {
     /// The LoRA adapters of each row, or `None` for the base model on every row (then no
     /// adapter operation runs at all).
     pub adapters: Option<crate::lora::Activation>,
-    /// `Some(0..B)` (uint32) when each of the B rows of this forward must run the one-row
-    /// quantized kernel: quantized products then go through `gather_qmm` (see
-    /// [`linear::Linear::forward`]). Set by the batching decoder on a GPU.
-    pub row_gather: Option<Array>,
 }
 
 impl ForwardCtx {
     /// A call whose rows run with `adapters` (`None`: the base model).
     pub fn with_adapters(adapters: Option<crate::lora::Activation>) -> ForwardCtx {
-        ForwardCtx {
-            adapters,
-            row_gather: None,
-        }
-    }
-
-    /// This call, with each of its `rows` rows run through the one-row quantized kernel
-    /// (nothing changes for one row).
-    pub fn gathering_rows(mut self, rows: usize) -> ForwardCtx {
-        self.row_gather = (rows > 1).then(|| {
-            let ids: Vec<u32> = (0..rows as u32).collect();
-            Array::from_slice(&ids, &[rows as i32])
-        });
-        self
+        ForwardCtx { adapters }
     }
 }
 
@@ -290,17 +273,18 @@ impl Model {
 
     /// Reads `tokens` (evaluating them) and fails on an id outside the vocabulary.
     fn check_ids_of(&self, tokens: &Array) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidArgument(m));
         tokens.eval()?;
-        let vocab = self.info.vocab_size as i64;
         let ids = tokens
             .try_as_slice::<i32>()
             .map_err(|e| Error::InvalidArgument(format!("tokens: {e}")))?;
-        if let Some(t) = ids.iter().find(|&&t| t < 0 || t as i64 >= vocab) {
-            return bad(format!(
-                "token id {t} outside the vocabulary (size {vocab})"
-            ));
-        }
-        Ok(())
+        let ids = ids
+            .iter()
+            .map(|&t| {
+                u32::try_from(t).map_err(|_| {
+                    Error::InvalidArgument(format!("token id {t} outside the vocabulary"))
+                })
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        self.check_ids(&ids)
     }
 }

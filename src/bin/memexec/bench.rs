@@ -407,7 +407,6 @@ pub fn run(args: Args) -> Result<()> {
     print_table(&table);
     let probe = Decoder::new(backend.model(), backend.stop_ids());
     let decoder_facts = json!({
-        "row_gather": probe.row_gather(),
         "rows_per_forward": (probe.rows_per_forward() != usize::MAX)
             .then_some(probe.rows_per_forward()),
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
