@@ -12,8 +12,7 @@ use memexec::config::Config;
 use memexec::engine::batched::{self_check, Row, Started};
 use memexec::engine::scheduler::Limits;
 use memexec::engine::{CallOptions, Decoder, Engine, LocalInput, RowRequest};
-use memexec::generate::{greedy, GenerateOptions};
-use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
+use memexec::lora::{AdapterRegistry, AdapterStack};
 use memexec::model::{Model, WeightChoice};
 use model_support::{fixtures_dir, model_dir};
 
@@ -36,16 +35,7 @@ fn ids(len: usize, r: u32) -> Vec<u32> {
 }
 
 fn serial(model: &Model, req: &RowRequest, reg: Option<&Rc<AdapterRegistry>>) -> Vec<u32> {
-    let adapters = reg.and_then(|r| {
-        Activation::per_row(r.clone(), vec![req.adapters.clone()]).expect("activation")
-    });
-    let opts = GenerateOptions {
-        max_tokens: req.max_tokens,
-        stop_ids: Some(model.info().eos_token_ids.clone()),
-        adapters,
-        ..GenerateOptions::default()
-    };
-    greedy(model, &req.prompt, opts).expect("serial greedy").ids
+    model_support::serial_ids(model, req, reg)
 }
 
 fn mixed_rows() -> Vec<RowRequest> {
@@ -75,18 +65,13 @@ fn mixed_batches_equal_serial_at_every_width() {
         assert!(want.iter().any(|w| w.len() > 3), "the rows should generate");
         let decoder = Decoder::new(&model, &stop);
         // Width 3 makes rows join as others leave (different max_tokens end them at different steps).
-        for width in [1, 3, 8, 16] {
-            let got = decoder.run_rows(
-                rows.clone(),
-                Limits {
-                    width,
-                    kv_budget: None,
-                },
-            );
-            for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-                assert_eq!(&g.expect("row").ids, w, "width {width}, row {i}");
-            }
-        }
+        model_support::assert_batches_equal(
+            &decoder,
+            &rows,
+            &want,
+            &[1, 3, 8, 16],
+            &format!("{form:?}"),
+        );
     }
 }
 

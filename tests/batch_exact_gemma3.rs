@@ -5,11 +5,9 @@
 //! kernel is slow, hence the short prompts). Needs .deps/fixtures (scripts/setup.sh).
 mod model_support;
 
-use memexec::engine::scheduler::Limits;
 use memexec::engine::{Decoder, RowRequest};
-use memexec::generate::{greedy, GenerateOptions};
 use memexec::model::{Model, WeightChoice};
-use model_support::model_dir;
+use model_support::{assert_batches_equal, model_dir, serial_ids};
 
 const FIXTURE: &str = "gemma3-270m-q4-f32";
 
@@ -28,34 +26,13 @@ fn check(form: WeightChoice, shapes: &[(usize, usize)], widths: &[usize]) {
         .enumerate()
         .map(|(r, &(len, max))| RowRequest::new(ids(len, r as u32), max))
         .collect();
-    let want: Vec<Vec<u32>> = rows
-        .iter()
-        .map(|r| {
-            let opts = GenerateOptions {
-                max_tokens: r.max_tokens,
-                stop_ids: Some(stop.clone()),
-                ..GenerateOptions::default()
-            };
-            greedy(&model, &r.prompt, opts).expect("serial").ids
-        })
-        .collect();
+    let want: Vec<Vec<u32>> = rows.iter().map(|r| serial_ids(&model, r, None)).collect();
     assert!(
         want.iter().filter(|w| w.len() >= 3).count() >= 2,
         "rows should generate: {want:?}"
     );
     let decoder = Decoder::new(&model, &stop);
-    for &width in widths {
-        let got = decoder.run_rows(
-            rows.clone(),
-            Limits {
-                width,
-                kv_budget: None,
-            },
-        );
-        for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-            assert_eq!(&g.expect("row").ids, w, "{form:?}, width {width}, row {i}");
-        }
-    }
+    assert_batches_equal(&decoder, &rows, &want, widths, &format!("{form:?}"));
 }
 
 #[test]

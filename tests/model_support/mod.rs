@@ -151,3 +151,47 @@ pub fn argmax(v: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// The serial greedy ids of `req` (its adapters from `registry`, stopping at the model's eos
+/// ids): the reference every batched row must equal.
+pub fn serial_ids(
+    model: &memexec::model::Model,
+    req: &memexec::engine::RowRequest,
+    registry: Option<&std::rc::Rc<memexec::lora::AdapterRegistry>>,
+) -> Vec<u32> {
+    use memexec::generate::{greedy, GenerateOptions};
+    let adapters = registry.and_then(|r| {
+        memexec::lora::Activation::per_row(r.clone(), vec![req.adapters.clone()])
+            .expect("activation")
+    });
+    let opts = GenerateOptions {
+        max_tokens: req.max_tokens,
+        stop_ids: Some(model.info().eos_token_ids.clone()),
+        adapters,
+        ..GenerateOptions::default()
+    };
+    greedy(model, &req.prompt, opts).expect("serial greedy").ids
+}
+
+/// Runs `rows` through `decoder` at each of `widths` and asserts every row's ids equal
+/// `want` (its serial ids); `label` names the case in failures.
+pub fn assert_batches_equal(
+    decoder: &memexec::engine::Decoder<'_>,
+    rows: &[memexec::engine::RowRequest],
+    want: &[Vec<u32>],
+    widths: &[usize],
+    label: &str,
+) {
+    for &width in widths {
+        let got = decoder.run_rows(
+            rows.to_vec(),
+            memexec::engine::scheduler::Limits {
+                width,
+                kv_budget: None,
+            },
+        );
+        for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
+            assert_eq!(&g.expect("row").ids, w, "{label}, width {width}, row {i}");
+        }
+    }
+}
