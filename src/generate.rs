@@ -200,6 +200,53 @@ pub fn step_picks(
     argmax_lazy(&logits, model.info().dtype)
 }
 
+/// One step of [`greedy_logprobs`]: the greedy id and the log-probabilities it was picked
+/// from (`logits - logsumexp(logits)` in the model's dtype, as f32, whole vocabulary).
+pub struct StepLogprobs {
+    /// The greedy pick.
+    pub id: u32,
+    /// The step's log-probabilities.
+    pub logprobs: Vec<f32>,
+}
+
+/// Greedy generation that also returns each step's log-probabilities, step by step (not
+/// pipelined: every step is read before the next is built), for comparing the numbers of two
+/// implementations (`memexec generate --logprobs-out`). Same prefill schedule and ops as
+/// [`greedy`]; `max_tokens` steps, no stop ids.
+pub fn greedy_logprobs(
+    model: &Model,
+    prompt: &[u32],
+    max_tokens: usize,
+    ctx: &ForwardCtx,
+) -> Result<Vec<StepLogprobs>> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::InvalidArgument("empty prompt".into()));
+    };
+    model.check_ids(prompt)?;
+    let mut cache = model.new_cache();
+    prefill_head(model, head, &mut cache, PREFILL_STEP, ctx)?;
+    let dtype = model.info().dtype;
+    let mut token = last;
+    let mut steps = Vec::with_capacity(max_tokens);
+    for _ in 0..max_tokens {
+        let logits = model.forward(&ids_array(&[token], &[1, 1])?, &mut [&mut cache], ctx)?;
+        let l = logits.as_dtype(dtype)?;
+        let logprobs = l.subtract(l.logsumexp(true)?)?;
+        let id = read_tokens(&argmax_axis(&logprobs, -1, false)?)?
+            .first()
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument("no logits".into()))?;
+        let logprobs = logprobs
+            .as_dtype(Dtype::Float32)?
+            .to_vec_exact::<f32>()
+            .map_err(|e| Error::InvalidArgument(format!("logprobs: {e}")))?;
+        cache.eval()?;
+        steps.push(StepLogprobs { id, logprobs });
+        token = id;
+    }
+    Ok(steps)
+}
+
 /// One batched decode step: feeds `last[i]` to row `i` (each with its own cache) and returns
 /// each row's next greedy token.
 pub fn decode_step(

@@ -198,3 +198,24 @@ fn tiny_bf16_mixed48_matches_mlx_lm() {
     check_logits("tiny-gemma4-mixed48", BF16_TOL, BF16_MAX_LEN);
     check_greedy("tiny-gemma4-mixed48", 8, BF16_MAX_LEN);
 }
+
+/// The unpipelined step-by-step path behind `memexec generate --logprobs-out` gives the
+/// oracle's greedy ids, and each id is the argmax of the log-probabilities it returns.
+#[test]
+fn tiny_f32_step_logprobs_give_the_greedy_ids() {
+    let fixture = "tiny-gemma4-q4-f32";
+    let model = Model::load(&model_dir(fixture)).expect("load");
+    let oracle = oracle(fixture);
+    for p in oracle.prompts.iter().take(3) {
+        let n = 12.min(p.greedy_ids.len());
+        let steps =
+            memexec::generate::greedy_logprobs(&model, &p.prompt_ids, n, &ForwardCtx::default())
+                .expect("steps");
+        let ids: Vec<u32> = steps.iter().map(|s| s.id).collect();
+        assert_eq!(ids, p.greedy_ids[..n], "{}", p.name);
+        for s in &steps {
+            assert_eq!(s.logprobs.len(), model.info().vocab_size);
+            assert_eq!(argmax(&s.logprobs), s.id, "{}", p.name);
+        }
+    }
+}

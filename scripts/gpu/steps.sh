@@ -8,6 +8,8 @@
 #           single-stream decode speed of `memexec generate` (400 random ids, 128 new, x2)
 #   bench   `memexec bench` on e4b: serial and widths 1-16 on EXTRACT/SHORT/UNIFORM, with
 #           mlx-lm (generate_step / batch_generate) on the same prompt ids, in one JSON
+#   logprobs  memexec vs mlx-lm step by step (log-prob sums, ids) on random prompts of
+#           520/700/1000 ids: the first step where the numbers differ (logprobs_compare.py)
 #   ab      the same bench on EXTRACT at width 8 with RoPE and the greedy pick run once per
 #           row (MEMEXEC_ROW_OPS=per-row, the decoder before 2026-11-30 session 3)
 # Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")
@@ -34,6 +36,9 @@ for step in "$@"; do
   bench)
     timeout 560 $MEMEXEC bench --model "$E4B" --reps 2 --mlx-lm-reps 1 --python "$PY" \
       --json-out "$OUT/memexec-bench.json" || rc=1 ;;
+  logprobs)
+    timeout 300 $PY scripts/gpu/logprobs_compare.py "$MEMEXEC" "$E4B" "$OUT/logprobs-compare.json" \
+      --lengths 520,700,1000 --tokens 32 || rc=1 ;;
   ab)
     MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
       --workloads EXTRACT --widths 8 --reps 2 --no-mlx-lm --json-out "$OUT/memexec-bench-before.json" || rc=1 ;;

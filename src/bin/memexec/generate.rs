@@ -45,6 +45,39 @@ pub struct Args {
     /// or auto (what the engine picks by default).
     #[arg(long, default_value = "quantized")]
     weights: memexec::model::WeightChoice,
+    /// Also write, for each of --max-tokens steps (unpipelined, no stop ids), the greedy id,
+    /// the top 8 log-probabilities and the f64 sum of all of them, as JSON to this file:
+    /// scripts/gpu/logprobs_compare.py finds the first step where two implementations differ.
+    #[arg(long, value_name = "FILE")]
+    logprobs_out: Option<PathBuf>,
+}
+
+/// The `--logprobs-out` document: per step the id, the top 8 `[id, logprob]` and the f64 sum
+/// (any changed value moves the sum far more than summation order does).
+fn write_logprobs(
+    path: &std::path::Path,
+    model: &Model,
+    prompt: &[u32],
+    max_tokens: usize,
+    ctx: &memexec::model::ForwardCtx,
+) -> memexec::Result<()> {
+    let steps = memexec::generate::greedy_logprobs(model, prompt, max_tokens, ctx)?;
+    let steps: Vec<serde_json::Value> = steps
+        .iter()
+        .map(|s| {
+            let mut order: Vec<usize> = (0..s.logprobs.len()).collect();
+            order.sort_by(|&a, &b| s.logprobs[b].total_cmp(&s.logprobs[a]).then(a.cmp(&b)));
+            let top: Vec<(usize, f32)> =
+                order.iter().take(8).map(|&i| (i, s.logprobs[i])).collect();
+            let sum: f64 = s.logprobs.iter().map(|&v| f64::from(v)).sum();
+            serde_json::json!({ "id": s.id, "top": top, "sum": sum })
+        })
+        .collect();
+    let doc = serde_json::json!({ "prompt_ids": prompt, "steps": steps });
+    std::fs::write(path, doc.to_string()).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
 }
 
 pub fn run(args: Args) -> memexec::Result<()> {
@@ -86,6 +119,10 @@ pub fn run(args: Args) -> memexec::Result<()> {
         stop_ids: args.ignore_eos.then(Vec::new),
         ..Default::default()
     };
+    if let Some(path) = &args.logprobs_out {
+        let ctx = memexec::model::ForwardCtx::with_adapters(opts.adapters.clone());
+        write_logprobs(path, &model, &prompt, args.max_tokens, &ctx)?;
+    }
     let g = greedy(&model, &prompt, opts)?;
     let text = match &tokenizer {
         Some(tok) => Some(
