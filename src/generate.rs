@@ -102,10 +102,7 @@ pub fn argmax_lazy(logits: &Array, dtype: Dtype) -> Result<Array> {
         } else {
             logits.try_index(r..r + 1)?
         };
-        let l = l.as_dtype(dtype)?;
-        // logsumexp over all axes of the [1, vocab] row, as mlx-lm's `logsumexp(keepdims=True)`.
-        let logprobs = l.subtract(l.logsumexp(true)?)?;
-        picks.push(argmax_axis(&logprobs, -1, false)?);
+        picks.push(argmax_axis(&row_logprobs(&l, dtype)?, -1, false)?);
     }
     if picks.len() == 1 {
         if let Some(p) = picks.pop() {
@@ -113,6 +110,13 @@ pub fn argmax_lazy(logits: &Array, dtype: Dtype) -> Result<Array> {
         }
     }
     Ok(concatenate(&picks, 0)?)
+}
+
+/// mlx-lm's sampler log-probabilities of one `[1, vocab]` logits row: cast to the model's
+/// dtype, then `logits - logsumexp(logits)` over all axes (`logsumexp(keepdims=True)`).
+fn row_logprobs(logits: &Array, dtype: Dtype) -> Result<Array> {
+    let l = logits.as_dtype(dtype)?;
+    Ok(l.subtract(l.logsumexp(true)?)?)
 }
 
 /// Evaluates (waits for) lazy picks and copies them to the host.
@@ -230,8 +234,7 @@ pub fn greedy_logprobs(
     let mut steps = Vec::with_capacity(max_tokens);
     for _ in 0..max_tokens {
         let logits = model.forward(&ids_array(&[token], &[1, 1])?, &mut [&mut cache], ctx)?;
-        let l = logits.as_dtype(dtype)?;
-        let logprobs = l.subtract(l.logsumexp(true)?)?;
+        let logprobs = row_logprobs(&logits, dtype)?;
         let id = read_tokens(&argmax_axis(&logprobs, -1, false)?)?
             .first()
             .copied()

@@ -14,7 +14,7 @@ use memexec::engine::scheduler::Limits;
 use memexec::engine::{CallOptions, Decoder, Engine, LocalInput, RowRequest};
 use memexec::lora::{AdapterRegistry, AdapterStack};
 use memexec::model::{Model, WeightChoice};
-use model_support::{fixtures_dir, model_dir};
+use model_support::{assert_batches_equal, fixtures_dir, model_dir, serial_ids};
 
 const FIXTURE: &str = "tiny-gemma4-q4-f32";
 
@@ -32,10 +32,6 @@ fn ids(len: usize, r: u32) -> Vec<u32> {
     (0..len as u32)
         .map(|t| 2 + (t * 131 + r * 17 + t * t) % 4000)
         .collect()
-}
-
-fn serial(model: &Model, req: &RowRequest, reg: Option<&Rc<AdapterRegistry>>) -> Vec<u32> {
-    model_support::serial_ids(model, req, reg)
 }
 
 fn mixed_rows() -> Vec<RowRequest> {
@@ -61,17 +57,11 @@ fn mixed_batches_equal_serial_at_every_width() {
         let model = model(form);
         let stop = model.info().eos_token_ids.clone();
         let rows = mixed_rows();
-        let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, None)).collect();
+        let want: Vec<Vec<u32>> = rows.iter().map(|r| serial_ids(&model, r, None)).collect();
         assert!(want.iter().any(|w| w.len() > 3), "the rows should generate");
         let decoder = Decoder::new(&model, &stop);
         // Width 3 makes rows join as others leave (different max_tokens end them at different steps).
-        model_support::assert_batches_equal(
-            &decoder,
-            &rows,
-            &want,
-            &[1, 3, 8, 16],
-            &format!("{form:?}"),
-        );
+        assert_batches_equal(&decoder, &rows, &want, &[1, 3, 8, 16], &format!("{form:?}"));
     }
 }
 
@@ -101,7 +91,7 @@ fn a_kv_budget_still_gives_serial_tokens() {
             },
         );
         for (i, (g, r)) in got.into_iter().zip(&rows).enumerate() {
-            assert_eq!(g.expect("row").ids, serial(&model, r, None), "row {i}");
+            assert_eq!(g.expect("row").ids, serial_ids(&model, r, None), "row {i}");
         }
     }
 }
@@ -117,7 +107,7 @@ fn rows_joining_mid_decode_and_a_dropped_row_leave_the_others_exact() {
             .enumerate()
             .map(|(r, &(len, max))| RowRequest::new(ids(len, 100 + r as u32), max))
             .collect();
-        let want: Vec<Vec<u32>> = reqs.iter().map(|r| serial(&model, r, None)).collect();
+        let want: Vec<Vec<u32>> = reqs.iter().map(|r| serial_ids(&model, r, None)).collect();
         let mut running = Vec::new();
         let mut got: Vec<Option<Vec<u32>>> = vec![None; reqs.len()];
         let start = |i: usize, running: &mut Vec<Row<usize>>, got: &mut Vec<Option<Vec<u32>>>| {
@@ -188,7 +178,10 @@ fn mixed_adapters_in_one_batch_equal_their_serial_runs() {
                 adapters: s.clone(),
             })
             .collect();
-        let want: Vec<Vec<u32>> = rows.iter().map(|r| serial(&model, r, Some(&reg))).collect();
+        let want: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|r| serial_ids(&model, r, Some(&reg)))
+            .collect();
         let decoder = Decoder::new(&model, &stop).with_registry(reg.clone());
         let got = decoder.run_rows(
             rows,

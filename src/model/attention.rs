@@ -47,9 +47,15 @@ impl RowOffsets {
         self.offsets.get(r).copied().unwrap_or(0)
     }
 
-    /// Whether these are the offsets `offsets`.
-    pub fn same(&self, offsets: &[i32]) -> bool {
-        self.offsets == offsets
+    /// The offsets in `slot` when they equal `offsets` (consecutive layers of one forward
+    /// usually share them: their device array is then made once), else new ones put there.
+    pub fn reuse(slot: &mut Option<RowOffsets>, offsets: Vec<i32>) -> &mut RowOffsets {
+        if slot.as_ref().is_some_and(|o| o.offsets == offsets) {
+            if let Some(o) = slot {
+                return o;
+            }
+        }
+        slot.insert(RowOffsets::new(offsets))
     }
 
     /// `rope` over `x` `[B, heads, L, head_dim]`, row `r` at its own offset. One op for all

@@ -261,10 +261,7 @@ impl Gemma3 {
                 .iter()
                 .map(|c| c.layer(i).map(|lc| lc.offset()).ok_or_else(|| cache_err(i)))
                 .collect::<Result<_>>()?;
-            if !row_offsets.as_ref().is_some_and(|o| o.same(&offsets)) {
-                row_offsets = Some(RowOffsets::new(offsets));
-            }
-            let offsets = row_offsets.as_mut().ok_or_else(|| cache_err(i))?;
+            let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
             let q = offsets.rotate(&a.rope, &q)?;
             let k = offsets.rotate(&a.rope, &k)?;
             let mut outs = Vec::with_capacity(caches.len());

@@ -464,10 +464,7 @@ impl Gemma4 {
                     .map(|rows| rows.iter().map(|kv| kv.2).collect())
                     .ok_or_else(|| cache_err(layer.kv_source))?,
             };
-            if !row_offsets.as_ref().is_some_and(|o| o.same(&offsets)) {
-                row_offsets = Some(RowOffsets::new(offsets));
-            }
-            let offsets = row_offsets.as_mut().ok_or_else(|| cache_err(i))?;
+            let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
             let q = offsets.rotate(&a.rope, &q)?;
             let new_kv = match new_kv {
                 Some((k, v)) => Some((offsets.rotate(&a.rope, &k)?, v)),
