@@ -10,6 +10,8 @@
 #           mlx-lm (generate_step / batch_generate) on the same prompt ids, in one JSON
 #   logprobs  memexec vs mlx-lm step by step (log-prob sums, ids) on random prompts of
 #           520/700/1000 ids: the first step where the numbers differ (logprobs_compare.py)
+#   trace   memexec vs mlx-lm tensor by tensor (every layer's hidden state, keys, values) on
+#           random prompts of 520/700 ids, 4 tokens: the first call / layer that differs
 #   ab      the same bench on EXTRACT at width 8 with RoPE and the greedy pick run once per
 #           row (MEMEXEC_ROW_OPS=per-row, the decoder before 2026-11-30 session 3)
 # Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")
@@ -39,6 +41,9 @@ for step in "$@"; do
   logprobs)
     timeout 300 $PY scripts/gpu/logprobs_compare.py "$MEMEXEC" "$E4B" "$OUT/logprobs-compare.json" \
       --lengths 520,700,1000 --tokens 32 || rc=1 ;;
+  trace)
+    timeout 300 $PY scripts/gpu/trace_compare.py "$MEMEXEC" "$E4B" "$OUT/trace-compare.json" \
+      --lengths ${TRACE_LENGTHS:-520,700} --tokens 4 || rc=1 ;;
   ab)
     MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
       --workloads EXTRACT --widths 8 --reps 2 --no-mlx-lm --json-out "$OUT/memexec-bench-before.json" || rc=1 ;;

@@ -10,6 +10,7 @@ use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::linear::{Embedding, Linear};
 use super::norm::RmsNorm;
 use super::rope::Rope;
+use super::trace::Trace;
 use super::weights::Weights;
 use super::ForwardCtx;
 use crate::error::{Error, Result};
@@ -381,6 +382,7 @@ impl Gemma4 {
         let (b, l) = (tokens.dim(0), tokens.dim(1));
         let dt = self.dtype;
         let n = self.layers.len() as i32;
+        let mut trace = Trace::start(b);
         let mut h = self.embed_tokens.forward(tokens)?;
         h = h.multiply(scalar((self.cfg.hidden_size as f64).sqrt(), dt)?)?;
 
@@ -493,6 +495,10 @@ impl Gemma4 {
                     1.0,
                     &masks[r][mask_slot(layer.layer_type)],
                 )?);
+                if let Some(t) = trace.as_mut() {
+                    t.record(format!("k.{i}"), &keys);
+                    t.record(format!("v.{i}"), &values);
+                }
                 row_kvs.push((keys, values, offset));
             }
             kvs.push(row_kvs);
@@ -514,6 +520,9 @@ impl Gemma4 {
                 h = h.add(br.post_per_layer_input_norm.forward(&g)?)?;
             }
             h = h.multiply(&layer.layer_scalar)?;
+            if let Some(t) = trace.as_mut() {
+                t.record(format!("h.{i}"), &h);
+            }
         }
 
         // Only the last position's logits are needed: norm and head are row-wise.
@@ -529,6 +538,10 @@ impl Gemma4 {
         };
         if let Some(cap) = self.cfg.final_logit_softcapping {
             logits = softcap(&logits, cap)?;
+        }
+        if let Some(mut t) = trace {
+            t.record("logits".into(), &logits);
+            t.finish()?;
         }
         Ok(logits.reshape(&[b, self.cfg.vocab_size])?)
     }

@@ -17,6 +17,7 @@ pub mod gemma4;
 pub mod linear;
 pub mod norm;
 pub mod rope;
+pub mod trace;
 pub mod weight_form;
 pub mod weights;
 
