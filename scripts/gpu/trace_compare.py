@@ -4,13 +4,14 @@
 For each random-id prompt (seeded as e4b_parity.py / logprobs_compare.py): memexec runs
 `generate --logprobs-out` with MEMEXEC_TRACE_DIR set (one safetensors file per forward call:
 `h.I` the hidden state after layer I, `k.I` / `v.I` the keys / values layer I attended over,
-`logits`), and mlx-lm runs the same schedule by hand (prompt[:-1] in one call, then one token
+`q.I` its RoPE'd queries, `o.I` its attention output before `o_proj`, `logits`), and mlx-lm runs the same schedule by hand (prompt[:-1] in one call, then one token
 per call, greedy) with its DecoderLayer wrapped to keep the same tensors. Then, call by call
-and layer by layer (k, v, h), the first tensor whose values differ, its max |diff| and how
+and layer by layer (k, v, q, o, h), the first tensor whose values differ, its max |diff| and how
 many elements differ. Runs where the arrays stay: nothing big leaves the machine.
 
 Usage: trace_compare.py MEMEXEC MODEL_DIR OUT.json [--lengths 520,700] [--tokens 4]
-       [--max-id N] [--seed S]
+       [--max-id N] [--seed S] [--prompts-from PARITY.json [--names a,b]] [--repeat]
+       [--recompute CALL.LAYER]
 Exit 1 if any traced tensor differs.
 """
 import argparse
@@ -34,6 +35,13 @@ ap.add_argument("--lengths", default="520,700")
 ap.add_argument("--tokens", type=int, default=4)
 ap.add_argument("--max-id", type=int, default=200000)
 ap.add_argument("--seed", type=int, default=20261130)
+ap.add_argument("--prompts-from", help="use the prompts of an e4b_parity.py result instead")
+ap.add_argument("--names", help="with --prompts-from: only these prompts (comma-separated)")
+ap.add_argument("--repeat", action="store_true",
+                help="run each side twice: is each deterministic tensor for tensor?")
+ap.add_argument("--recompute", metavar="CALL.LAYER",
+                help="redo that call's attention of that layer from the traced q/k/v in several "
+                     "memory layouts and compare with both sides' outputs")
 a = ap.parse_args()
 
 current = None  # the dict the wrapped layers record into
@@ -42,6 +50,8 @@ orig_layer_call = g4.DecoderLayer.__call__
 
 def traced_layer_call(self, x, mask=None, cache=None, per_layer_input=None, shared_kv=None,
                       offset=None):
+    global layer_now
+    layer_now = self.layer_idx
     h, kvs, off = orig_layer_call(self, x, mask, cache, per_layer_input=per_layer_input,
                                   shared_kv=shared_kv, offset=offset)
     if current is not None:
@@ -51,6 +61,18 @@ def traced_layer_call(self, x, mask=None, cache=None, per_layer_input=None, shar
 
 
 g4.DecoderLayer.__call__ = traced_layer_call
+orig_sdpa = g4.scaled_dot_product_attention
+layer_now = None  # the index of the layer being run (set by traced_layer_call)
+
+
+def traced_sdpa(queries, keys, values, cache, scale, mask, **kw):
+    out = orig_sdpa(queries, keys, values, cache=cache, scale=scale, mask=mask, **kw)
+    if current is not None:
+        current[f"q.{layer_now}"], current[f"o.{layer_now}"] = queries, out
+    return out
+
+
+g4.scaled_dot_product_attention = traced_sdpa
 model, _ = load(a.model)
 
 
@@ -82,15 +104,27 @@ def mlx_forwards(ids):
 def order(names):
     def key(n):
         kind, _, idx = n.partition(".")
-        return (int(idx) if idx else 1 << 30, "kvh".find(kind) if kind in "kvh" else 9)
+        return (int(idx) if idx else 1 << 30, "kvqoh".find(kind) if kind in "kvqoh" else 9)
     return sorted(names, key=key)
 
 
-res, bad = [], 0
-rng = random.Random(a.seed)
-for n in map(int, a.lengths.split(",")):
-    ids = [2] + [rng.randrange(3, a.max_id) for _ in range(n - 1)]
-    theirs = mlx_forwards(ids)
+def prompts():
+    if a.prompts_from:
+        wanted = a.names.split(",") if a.names else None
+        for p in json.load(open(a.prompts_from))["prompts"]:
+            if wanted is None or p["name"] in wanted:
+                yield p["name"], p["prompt_ids"]
+        return
+    rng = random.Random(a.seed)
+    for n in map(int, a.lengths.split(",")):
+        yield f"rand{n}", [2] + [rng.randrange(3, a.max_id) for _ in range(n - 1)]
+
+
+def memexec_forwards(ids):
+    """memexec's tensors of each forward call, or None with a message when it fails:
+    `generate --logprobs-out` runs the unpipelined step-by-step decoder first (tokens + 1
+    calls, the schedule mlx_forwards uses), then the ordinary pipelined one (its calls
+    follow)."""
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, MEMEXEC_TRACE_DIR=d)
         p = subprocess.run([a.memexec, "generate", "--model", a.model, "--prompt-ids",
@@ -98,37 +132,89 @@ for n in map(int, a.lengths.split(",")):
                             "--ignore-eos", "--json", "--logprobs-out", os.path.join(d, "lp.json")],
                            capture_output=True, text=True, env=env)
         if p.returncode != 0:
-            print(f"rand{n}: memexec failed: {p.stderr.strip()[-300:]}")
-            bad += 1
-            continue
+            print(f"memexec failed: {p.stderr.strip()[-300:]}")
+            return None
         files = sorted(f for f in os.listdir(d) if f.startswith("forward-"))
         calls = []
-        for c, f in enumerate(files):
-            ours = mx.load(os.path.join(d, f))
-            if c >= len(theirs):
-                break
-            diffs = []
-            for name in order(set(ours) & set(theirs[c])):
-                x, y = ours[name].astype(mx.float32), theirs[c][name]
-                if name == "logits":
-                    x, y = x.reshape(-1), y.reshape(-1)
-                if x.shape != y.shape:
-                    diffs.append({"name": name, "shape": [list(x.shape), list(y.shape)]})
-                    continue
-                ne = mx.not_equal(x, y)
-                count = int(mx.sum(ne).item())
-                if count:
-                    md = float(mx.max(mx.abs(x - y)).item())
-                    diffs.append({"name": name, "differing": count, "of": x.size, "max_abs": md})
-            calls.append({"call": c, "tensors": len(set(ours) & set(theirs[c])),
-                          "only_memexec": sorted(set(ours) - set(theirs[c]))[:5],
-                          "first_diffs": diffs[:8], "n_diffs": len(diffs)})
-            first = diffs[0] if diffs else None
-            print(f"rand{n} call {c}: {len(diffs)} of {calls[-1]['tensors']} tensors differ"
-                  + (f"; first {first}" if first else ""), flush=True)
-        bad += any(c["n_diffs"] for c in calls) or len(files) != len(theirs)
-        res.append({"name": f"rand{n}", "memexec_calls": len(files), "mlx_lm_calls": len(theirs),
-                    "calls": calls})
+        for f in files:
+            t = {k: v.astype(mx.float32) for k, v in mx.load(os.path.join(d, f)).items()}
+            mx.eval(t)
+            calls.append(t)
+        return calls
+
+
+def compare(label, ours, theirs):
+    """Per call: the tensors of both whose values differ (in layer order)."""
+    calls = []
+    for c, (x_call, y_call) in enumerate(zip(ours, theirs)):
+        diffs = []
+        common = set(x_call) & set(y_call)
+        for name in order(common):
+            x, y = x_call[name], y_call[name]
+            if name == "logits":
+                x, y = x.reshape(-1), y.reshape(-1)
+            if x.shape != y.shape:
+                diffs.append({"name": name, "shape": [list(x.shape), list(y.shape)]})
+                continue
+            count = int(mx.sum(mx.not_equal(x, y)).item())
+            if count:
+                md = float(mx.max(mx.abs(x - y)).item())
+                diffs.append({"name": name, "differing": count, "of": x.size, "max_abs": md})
+        calls.append({"call": c, "tensors": len(common), "first_diffs": diffs[:8],
+                      "n_diffs": len(diffs)})
+        if diffs:
+            print(f"{label} call {c}: {len(diffs)} of {len(common)} tensors differ; "
+                  f"first {diffs[0]}", flush=True)
+    n_diff = sum(1 for c in calls if c["n_diffs"])
+    print(f"{label}: {len(ours)} vs {len(theirs)} calls, {n_diff} with a differing tensor",
+          flush=True)
+    return calls
+
+
+def recompute_sdpa(label, traced, spec):
+    """Layer L's attention of call C redone here from `traced`'s q / k / v (fresh contiguous
+    arrays, and k / v as views of larger buffers): does the result depend on the layout?"""
+    c, layer = map(int, spec.split("."))
+    t = traced[c]
+    dt = mx.bfloat16
+    q, k, v = (t[f"{n}.{layer}"].astype(dt) for n in "qkv")
+    out = {}
+    out["fresh"] = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0)
+    big = lambda x: mx.concatenate([x, mx.zeros_like(x)], axis=2)[:, :, : x.shape[2], :]
+    out["view_of_2x"] = mx.fast.scaled_dot_product_attention(q, big(k), big(v), scale=1.0)
+    shifted = lambda x: mx.concatenate([mx.zeros_like(x[:, :, :1]), x], axis=2)[:, :, 1:, :]
+    out["view_offset_1"] = mx.fast.scaled_dot_product_attention(q, shifted(k), shifted(v), scale=1.0)
+    mx.eval(out)
+    res = {}
+    for name, o in out.items():
+        o = o.astype(mx.float32)
+        res[name] = {ref: int(mx.sum(mx.not_equal(o, tr[c][f"o.{layer}"])).item())
+                     for ref, tr in (("memexec", MEM[0]), ("mlx_lm", MLX[0]))}
+    print(f"recompute o.{layer} of call {c} from {label}'s q/k/v: differing elements {res}",
+          flush=True)
+    return res
+
+
+res, bad = [], 0
+for pname, ids in prompts():
+    MLX = [mlx_forwards(ids) for _ in range(2 if a.repeat else 1)]
+    MEM = [memexec_forwards(ids) for _ in range(2 if a.repeat else 1)]
+    if any(m is None for m in MEM):
+        bad += 1
+        continue
+    entry = {"name": pname, "memexec_calls": len(MEM[0]), "mlx_lm_calls": len(MLX[0]),
+             "calls": compare(f"{pname} memexec vs mlx-lm", MEM[0], MLX[0])}
+    n = a.tokens + 1
+    entry["pipelined"] = compare(f"{pname} memexec pipelined vs step-by-step", MEM[0][n:],
+                                 MEM[0][:n])
+    if a.repeat:
+        entry["memexec_run2"] = compare(f"{pname} memexec run 2 vs 1", MEM[1], MEM[0])
+        entry["mlx_lm_run2"] = compare(f"{pname} mlx-lm run 2 vs 1", MLX[1], MLX[0])
+    if a.recompute:
+        entry["recompute"] = {lbl: recompute_sdpa(lbl, tr[0], a.recompute)
+                              for lbl, tr in (("memexec", MEM), ("mlx_lm", MLX))}
+    bad += any(c["n_diffs"] for c in entry["calls"] + entry["pipelined"])
+    res.append(entry)
 json.dump({"model": a.model, "device": str(mx.default_device()), "prompts": res},
           open(a.out, "w"), indent=1)
 sys.exit(1 if bad else 0)

@@ -502,9 +502,12 @@ impl Gemma4 {
                 row_kvs.push((keys, values, offset));
             }
             kvs.push(row_kvs);
-            let o = stack_rows(outs)?
-                .transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[b, l, -1])?;
+            let o = stack_rows(outs)?;
+            if let Some(t) = trace.as_mut() {
+                t.record(format!("q.{i}"), &q);
+                t.record(format!("o.{i}"), &o);
+            }
+            let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
             let attn = a.o_proj.forward(&o, ctx)?;
             h = h.add(layer.post_attention_layernorm.forward(&attn)?)?;
 
