@@ -178,12 +178,24 @@ def recompute_sdpa(label, traced, spec):
     t = traced[c]
     dt = mx.bfloat16
     q, k, v = (t[f"{n}.{layer}"].astype(dt) for n in "qkv")
-    out = {}
-    out["fresh"] = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0)
     big = lambda x: mx.concatenate([x, mx.zeros_like(x)], axis=2)[:, :, : x.shape[2], :]
-    out["view_of_2x"] = mx.fast.scaled_dot_product_attention(q, big(k), big(v), scale=1.0)
     shifted = lambda x: mx.concatenate([mx.zeros_like(x[:, :, :1]), x], axis=2)[:, :, 1:, :]
-    out["view_offset_1"] = mx.fast.scaled_dot_product_attention(q, shifted(k), shifted(v), scale=1.0)
+    layouts = {"fresh": lambda x: x, "view_of_2x": big, "view_offset_1": shifted}
+    out = {}
+    for name, lay in layouts.items():
+        # lazy k / v when the op is built (as in a forward), or already evaluated: MLX picks
+        # some kernels by the inputs' buffers, which it can only see once they exist
+        out[name] = mx.fast.scaled_dot_product_attention(q, lay(k), lay(v), scale=1.0)
+        kk, vv = lay(k), lay(v)
+        mx.eval(kk, vv)
+        out[name + "_evaluated"] = mx.fast.scaled_dot_product_attention(q, kk, vv, scale=1.0)
+    # MLX's composed fallback, op for op (fast.cpp): scale, GQA unflatten, matmul, precise
+    # softmax, matmul
+    h_kv, rep = k.shape[1], q.shape[1] // k.shape[1]
+    qs = (mx.array(1.0, dtype=dt) * q).reshape(q.shape[0], h_kv, rep, q.shape[2], q.shape[3])
+    sc = qs @ mx.swapaxes(mx.expand_dims(k, 2), -1, -2)
+    sc = mx.softmax(sc, axis=-1, precise=True)
+    out["composed"] = (sc @ mx.expand_dims(v, 2)).reshape(q.shape)
     mx.eval(out)
     res = {}
     for name, o in out.items():
