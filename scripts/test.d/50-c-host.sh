@@ -4,6 +4,11 @@
 # The valgrind run is serial (MLX_BUN_MEMORY_BATCH=1): each batched engine start runs the
 # batched-vs-serial self-check, ~450 s per start under valgrind; the batched path's memory
 # is covered by tests/batch_exact.rs (1000 batches without active-memory growth).
+# OPENBLAS_NUM_THREADS=1 there: under valgrind's one-thread-at-a-time scheduler, OpenBLAS's
+# exit handler (gotoblas_quit -> blas_thread_shutdown_) can wait forever in pthread_join on a
+# worker that missed its wake-up (seen 2026-11-30: every check passed, then the process hung at
+# exit); with one BLAS thread there is no worker to join. `timeout` turns any other hang into a
+# failure instead of a CI run that never ends.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/host-oracle.sh
@@ -11,5 +16,5 @@ OUT=target/host-oracle
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -pthread -Iinclude -I"$OUT" tests/c_host/host.c \
   -Ltarget/debug -lmemexec -Wl,-rpath,"$PWD/target/debug" -o "$OUT/c_host"
 "$OUT/c_host"
-MEMEXEC_HOST_QUICK=1 MLX_BUN_MEMORY_BATCH=1 valgrind --quiet --leak-check=full --errors-for-leak-kinds=definite \
+MEMEXEC_HOST_QUICK=1 MLX_BUN_MEMORY_BATCH=1 OPENBLAS_NUM_THREADS=1 timeout 1800 valgrind --quiet --leak-check=full --errors-for-leak-kinds=definite \
   --show-leak-kinds=definite --error-exitcode=99 "$OUT/c_host"
