@@ -10,7 +10,8 @@
 #   3. sets the environment (../shared/GPU.md): PYTHONPATH=/tmp/site, LD_LIBRARY_PATH with
 #      the CUDA libmlx first, MLX_PTX_CACHE_DIR (JIT'd kernels survive between calls);
 #   4. builds the e4b-shaped random 4-bit checkpoint into $E4B once (make_e4b_random.py
-#      --check; skip with MEMEXEC_GPU_E4B=0);
+#      --check; skip the build with MEMEXEC_GPU_E4B=0, only the check with
+#      MEMEXEC_GPU_E4B_CHECK=0);
 #   5. runs each argument as a bash command, in order, timing each, with these exported:
 #        GPU_DIR MEMEXEC E4B TOK FIXTURES TINY TINY_BF16 OUT PY (python3) ROOT
 #      and these shell functions:
@@ -136,7 +137,11 @@ if [ "${MEMEXEC_GPU_E4B:-1}" != 0 ]; then
   H=$(sha256sum scripts/gpu/make_e4b_random.py | cut -c1-16)
   if [ "$(cat "$E4B/.stamp" 2>/dev/null)" != "$H" ]; then
     log "building the e4b-shaped random checkpoint into $E4B"
-    "$PY" scripts/gpu/make_e4b_random.py "$E4B" --tokenizer "$TOK" --check \
+    # The --check (greedy decodes of 3 prompts: is the model degenerate?) costs ~30 s of
+    # device time per cold start; MEMEXEC_GPU_E4B_CHECK=0 skips it once it has passed.
+    check=(--check)
+    [ "${MEMEXEC_GPU_E4B_CHECK:-1}" = 0 ] && check=()
+    "$PY" scripts/gpu/make_e4b_random.py "$E4B" --tokenizer "$TOK" "${check[@]}" \
       || { log "ERROR: make_e4b_random.py failed"; exit 1; }
     echo "$H" >"$E4B/.stamp"
     cp "$E4B/generator.json" "$OUT/e4b-generator.json"
