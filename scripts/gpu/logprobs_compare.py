@@ -12,9 +12,6 @@ max-id give the same prompts for the same --lengths). Exit 1 if any step differs
 import argparse
 import json
 import math
-import os
-import random
-import subprocess
 import sys
 import tempfile
 
@@ -22,18 +19,13 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
+from compare_common import add_args, memexec_logprobs, random_prompts
+
 ap = argparse.ArgumentParser()
-ap.add_argument("memexec")
-ap.add_argument("model")
-ap.add_argument("out")
-ap.add_argument("--lengths", default="700,1000")
-ap.add_argument("--tokens", type=int, default=24)
-ap.add_argument("--max-id", type=int, default=200000)
-ap.add_argument("--seed", type=int, default=20261130)
+add_args(ap, lengths="700,1000", tokens=24)
 a = ap.parse_args()
 
 model, _ = load(a.model)
-rng = random.Random(a.seed)
 
 
 def mlx_steps(ids):
@@ -46,27 +38,22 @@ def mlx_steps(ids):
 
 
 res, bad = [], 0
-for n in map(int, a.lengths.split(",")):
-    ids = [2] + [rng.randrange(3, a.max_id) for _ in range(n - 1)]
+for name, ids in random_prompts(a):
     theirs = mlx_steps(ids)
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "lp.json")
-        p = subprocess.run([a.memexec, "generate", "--model", a.model, "--prompt-ids",
-                            ",".join(map(str, ids)), "--max-tokens", str(a.tokens),
-                            "--ignore-eos", "--json", "--logprobs-out", path],
-                           capture_output=True, text=True)
-        if p.returncode != 0:
-            print(f"rand{n}: memexec failed: {p.stderr.strip()[-300:]}")
+        path = memexec_logprobs(a, ids, d)
+        if path is None:
+            print(f"{name}: see the memexec failure above")
             bad += 1
             continue
         ours = json.load(open(path))["steps"]
     first_num = next((i for i, (x, y) in enumerate(zip(ours, theirs))
                       if abs(x["sum"] - y["sum"]) > 1e-6), None)
     first_id = next((i for i, (x, y) in enumerate(zip(ours, theirs)) if x["id"] != y["id"]), None)
-    print(f"rand{n}: first step with different log-probs: {first_num}; first different id: "
+    print(f"{name}: first step with different log-probs: {first_num}; first different id: "
           f"{first_id} (of {len(theirs)} steps)", flush=True)
     bad += first_num is not None or first_id is not None
-    res.append({"name": f"rand{n}", "prompt_ids": ids, "first_logprobs_diff": first_num,
+    res.append({"name": name, "prompt_ids": ids, "first_logprobs_diff": first_num,
                 "first_id_diff": first_id,
                 "steps": [{"memexec": x, "mlx_lm": {"id": y["id"], "sum": y["sum"], "top": y["top"]}}
                           for x, y in zip(ours, theirs)]})

@@ -4,8 +4,9 @@
 For each random-id prompt (seeded as e4b_parity.py / logprobs_compare.py): memexec runs
 `generate --logprobs-out` with MEMEXEC_TRACE_DIR set (one safetensors file per forward call:
 `h.I` the hidden state after layer I, `k.I` / `v.I` the keys / values layer I attended over,
-`q.I` its RoPE'd queries, `o.I` its attention output before `o_proj`, `logits`), and mlx-lm runs the same schedule by hand (prompt[:-1] in one call, then one token
-per call, greedy) with its DecoderLayer wrapped to keep the same tensors. Then, call by call
+`q.I` its RoPE'd queries, `o.I` its attention output before `o_proj`, `logits`), and mlx-lm
+runs the same schedule by hand (prompt[:-1] in one call, then one token per call, greedy) with
+its DecoderLayer and attention wrapped to keep the same tensors. Then, call by call
 and layer by layer (k, v, q, o, h), the first tensor whose values differ, its max |diff| and how
 many elements differ. Runs where the arrays stay: nothing big leaves the machine.
 
@@ -17,8 +18,6 @@ Exit 1 if any traced tensor differs.
 import argparse
 import json
 import os
-import random
-import subprocess
 import sys
 import tempfile
 
@@ -27,14 +26,10 @@ import mlx_lm.models.gemma4_text as g4
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
+from compare_common import add_args, memexec_logprobs, random_prompts
+
 ap = argparse.ArgumentParser()
-ap.add_argument("memexec")
-ap.add_argument("model")
-ap.add_argument("out")
-ap.add_argument("--lengths", default="520,700")
-ap.add_argument("--tokens", type=int, default=4)
-ap.add_argument("--max-id", type=int, default=200000)
-ap.add_argument("--seed", type=int, default=20261130)
+add_args(ap, lengths="520,700", tokens=4)
 ap.add_argument("--prompts-from", help="use the prompts of an e4b_parity.py result instead")
 ap.add_argument("--names", help="with --prompts-from: only these prompts (comma-separated)")
 ap.add_argument("--repeat", action="store_true",
@@ -115,9 +110,7 @@ def prompts():
             if wanted is None or p["name"] in wanted:
                 yield p["name"], p["prompt_ids"]
         return
-    rng = random.Random(a.seed)
-    for n in map(int, a.lengths.split(",")):
-        yield f"rand{n}", [2] + [rng.randrange(3, a.max_id) for _ in range(n - 1)]
+    yield from random_prompts(a)
 
 
 def memexec_forwards(ids):
@@ -126,13 +119,7 @@ def memexec_forwards(ids):
     calls, the schedule mlx_forwards uses), then the ordinary pipelined one (its calls
     follow)."""
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, MEMEXEC_TRACE_DIR=d)
-        p = subprocess.run([a.memexec, "generate", "--model", a.model, "--prompt-ids",
-                            ",".join(map(str, ids)), "--max-tokens", str(a.tokens),
-                            "--ignore-eos", "--json", "--logprobs-out", os.path.join(d, "lp.json")],
-                           capture_output=True, text=True, env=env)
-        if p.returncode != 0:
-            print(f"memexec failed: {p.stderr.strip()[-300:]}")
+        if memexec_logprobs(a, ids, d, env={"MEMEXEC_TRACE_DIR": d}) is None:
             return None
         files = sorted(f for f in os.listdir(d) if f.startswith("forward-"))
         calls = []
