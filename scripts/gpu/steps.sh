@@ -10,8 +10,9 @@
 #           mlx-lm (generate_step / batch_generate) on the same prompt ids, in one JSON
 #   logprobs  memexec vs mlx-lm step by step (log-prob sums, ids) on random prompts of
 #           520/700/1000 ids: the first step where the numbers differ (logprobs_compare.py)
-#   trace   memexec vs mlx-lm tensor by tensor (every layer's hidden state, keys, values) on
-#           random prompts of 520/700 ids, 4 tokens: the first call / layer that differs
+#   trace   memexec vs mlx-lm tensor by tensor (every layer's hidden state, queries, keys,
+#           values, attention output) on random prompts of 520/700 ids, 4 tokens: the first
+#           call / layer that differs
 #   ab      the same bench on EXTRACT at width 8 with RoPE and the greedy pick run once per
 #           row (MEMEXEC_ROW_OPS=per-row, the decoder before 2026-11-30 session 3)
 # Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")

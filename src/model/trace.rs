@@ -1,8 +1,9 @@
 //! Opt-in activation traces for parity debugging: with `MEMEXEC_TRACE_DIR` set, every
-//! one-row Gemma-4 forward call writes what each layer produced (hidden state, and the keys /
-//! values its attention saw) to `DIR/forward-NNNN.safetensors`, numbered in call order, so a
-//! difference from another implementation (mlx-lm: `scripts/gpu/trace_compare.py`) can be
-//! pinned to a call, a layer and a tensor instead of a late token id.
+//! one-row Gemma-4 forward call writes what each layer produced (hidden state, RoPE'd queries,
+//! the keys / values its attention saw, the attention output) and the logits to
+//! `DIR/forward-NNNN.safetensors`, numbered in call order, so a difference from another
+//! implementation (mlx-lm: `scripts/gpu/trace_compare.py`) can be pinned to a call, a layer
+//! and a tensor instead of a late token id.
 //!
 //! Off (no env var) it costs one cached env lookup per forward call; on, every traced array
 //! stays alive until the call's file is written, which can be hundreds of MB on a long prompt.
