@@ -59,6 +59,25 @@ pub struct Generation {
     pub prefill_time: Duration,
     /// Time of the decode steps after the first token.
     pub decode_time: Duration,
+    /// Where the decode steps' time went on the host.
+    pub decode_profile: DecodeProfile,
+}
+
+/// Host time of a generation's decode steps, split by what the host was doing: building a
+/// step's graph, handing it to MLX ([`async_eval`], which on a GPU encodes every kernel), and
+/// waiting for a token. A pipelined decoder whose `wait` is near zero is bound by the host (the
+/// device finishes each step before the next is queued); a large `wait` means the device is
+/// the bottleneck.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DecodeProfile {
+    /// Decode steps built.
+    pub steps: usize,
+    /// Building the steps' lazy graphs (model forward + greedy pick).
+    pub build: Duration,
+    /// `async_eval` of the steps (graph scheduling and kernel encoding).
+    pub queue: Duration,
+    /// Blocked reading tokens after the first (the device still running).
+    pub wait: Duration,
 }
 
 fn ids_array(ids: &[u32], shape: &[i32]) -> Result<Array> {
@@ -295,25 +314,38 @@ pub fn greedy_until(
             stop: StopReason::MaxTokens,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            decode_profile: DecodeProfile::default(),
         });
     }
     let mut pending = prefill_lazy(model, prompt, &mut cache, opts.prefill_step, &ctx)?;
     let mut prefill_time = None;
     let mut decode_start = Instant::now();
+    let mut profile = DecodeProfile::default();
     let stop = loop {
         // Queue the next step before reading this token (unless this one is surely the last).
         interrupted()?;
         let next = if ids.len() + 1 < opts.max_tokens {
+            let t0 = Instant::now();
             // The model takes int32 ids (exact: ids < 2^31).
             let tokens = pending.reshape(&[1, 1])?.as_dtype(Dtype::Int32)?;
-            Some(decode_step_lazy(model, &tokens, &mut [&mut cache], &ctx)?)
+            let picks = step_picks(model, &tokens, &mut [&mut cache], &ctx)?;
+            let t1 = Instant::now();
+            async_eval([&picks])?;
+            profile.steps += 1;
+            profile.build += t1 - t0;
+            profile.queue += t1.elapsed();
+            Some(picks)
         } else {
             None
         };
+        let t0 = Instant::now();
         let token = read_tokens(&pending)?
             .first()
             .copied()
             .ok_or_else(|| Error::InvalidArgument("no logits".into()))?;
+        if prefill_time.is_some() {
+            profile.wait += t0.elapsed();
+        }
         if prefill_time.is_none() {
             prefill_time = Some(started.elapsed());
             decode_start = Instant::now();
@@ -332,5 +364,6 @@ pub fn greedy_until(
         stop,
         prefill_time: prefill_time.unwrap_or_default(),
         decode_time: decode_start.elapsed(),
+        decode_profile: profile,
     })
 }

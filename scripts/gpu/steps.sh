@@ -13,6 +13,9 @@
 #   trace   memexec vs mlx-lm tensor by tensor (every layer's hidden state, queries, keys,
 #           values, attention output) on random prompts of 520/700 ids, 4 tokens: the first
 #           call / layer that differs
+#   opsbuf  single-stream decode of `memexec generate` (with its host-time profile) and of
+#           mlx-lm's generate_step on the 400-id prompt, at MLX_MAX_OPS_PER_BUFFER = the default
+#           (20 kernels per CUDA graph) and OPSBUF_VALUES (default "60 120 240")
 #   ab      the same bench on EXTRACT at width 8 with RoPE and the greedy pick run once per
 #           row (MEMEXEC_ROW_OPS=per-row, the decoder before 2026-11-30 session 3)
 # Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")
@@ -45,6 +48,17 @@ for step in "$@"; do
   trace)
     timeout 300 $PY scripts/gpu/trace_compare.py "$MEMEXEC" "$E4B" "$OUT/trace-compare.json" \
       --lengths ${TRACE_LENGTHS:-520,700} --tokens 4 || rc=1 ;;
+  opsbuf)
+    $MEMEXEC generate --model "$E4B" --prompt-ids "$P400" --max-tokens 16 --ignore-eos --json >/dev/null || rc=1
+    for n in default ${OPSBUF_VALUES:-60 120 240}; do
+      if [ "$n" = default ]; then unset MLX_MAX_OPS_PER_BUFFER; else export MLX_MAX_OPS_PER_BUFFER=$n; fi
+      for i in 1 2; do
+        $MEMEXEC generate --model "$E4B" --prompt-ids "$P400" --max-tokens 128 --ignore-eos --json |
+          $PY -c "import json,sys;d=json.load(sys.stdin);print('ops/buffer $n memexec', round(d['decode_tokens_per_s'],1), 'tok/s', {k:round(v,2) for k,v in d['decode_profile_ms_per_step'].items()})" || rc=1
+      done
+      echo "ops/buffer $n mlx-lm $(timeout 120 $PY scripts/gpu/mlxlm_decode_speed.py "$E4B" --prompt-ids "$P400" --tokens 128 --reps 2)" || rc=1
+    done
+    unset MLX_MAX_OPS_PER_BUFFER ;;
   ab)
     MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
       --workloads EXTRACT --widths 8 --reps 2 --no-mlx-lm --json-out "$OUT/memexec-bench-before.json" || rc=1 ;;

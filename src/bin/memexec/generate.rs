@@ -139,6 +139,9 @@ pub fn run(args: Args) -> memexec::Result<()> {
         StopReason::Eos(id) => format!("eos({id})"),
         StopReason::MaxTokens => "max_tokens".to_string(),
     };
+    let p = &g.decode_profile;
+    let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / p.steps.max(1) as f64;
+    let (build_ms, queue_ms, wait_ms) = (per_step(p.build), per_step(p.queue), per_step(p.wait));
     if args.json {
         let v = serde_json::json!({
             "prompt_ids": prompt,
@@ -148,6 +151,12 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "load_s": load_s,
             "prefill_tokens_per_s": prefill_tps,
             "decode_tokens_per_s": decode_tps,
+            "decode_profile_ms_per_step": {
+                "steps": p.steps,
+                "build": build_ms,
+                "queue": queue_ms,
+                "wait": wait_ms,
+            },
         });
         println!("{v}");
     } else {
@@ -163,6 +172,11 @@ pub fn run(args: Args) -> memexec::Result<()> {
         println!(
             "load {load_s:.2}s; prefill {prefill_tps:.1} tok/s; decode {decode_tps:.1} tok/s ({})",
             model.info().model_type
+        );
+        println!(
+            "decode host time per step: build {build_ms:.2} ms, queue {queue_ms:.2} ms, \
+             wait {wait_ms:.2} ms ({} steps)",
+            p.steps
         );
     }
     Ok(())
