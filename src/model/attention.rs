@@ -88,6 +88,36 @@ pub fn row(x: &Array, b: usize) -> Result<Array> {
     Ok(x.try_index(b..b + 1)?)
 }
 
+/// Projected `x` `[B, L, heads * head_dim]` as `[B, heads, L, head_dim]`, with `norm` (a
+/// per-head norm over the last axis, or the identity) applied before the transpose, where
+/// Gemma-4 applies it.
+///
+/// For one position (L = 1, every decode step) both layouts are the same bytes, so a single
+/// reshape gives the tensor: one graph node fewer per projection. That matters on a GPU,
+/// where a decode step is bound by the host's cost per graph node, not by the device.
+pub fn split_heads(
+    x: &Array,
+    heads: i32,
+    head_dim: i32,
+    norm: impl FnOnce(&Array) -> Result<Array>,
+) -> Result<Array> {
+    let (b, l) = (x.dim(0), x.dim(1));
+    if l == 1 {
+        return norm(&x.reshape(&[b, heads, 1, head_dim])?);
+    }
+    Ok(norm(&x.reshape(&[b, l, heads, head_dim])?)?.transpose_axes(&[0, 2, 1, 3])?)
+}
+
+/// Attention output `[B, heads, L, head_dim]` as `[B, L, heads * head_dim]` (a reshape alone
+/// for L = 1, as in [`split_heads`]).
+pub fn merge_heads(o: &Array) -> Result<Array> {
+    let (b, l) = (o.dim(0), o.dim(2));
+    if l == 1 {
+        return Ok(o.reshape(&[b, 1, -1])?);
+    }
+    Ok(o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+}
+
 /// Stacks per-row results back along the batch axis.
 pub fn stack_rows(mut rows: Vec<Array>) -> Result<Array> {
     if rows.len() == 1 {

@@ -4,7 +4,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{clip_residual, gelu_approx};
-use super::attention::{row, sdpa, stack_rows, RowOffsets};
+use super::attention::{merge_heads, row, sdpa, split_heads, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
 use super::linear::{Embedding, Linear};
@@ -240,21 +240,9 @@ impl Gemma3 {
                 self.cfg.head_dim,
             );
             let x = layer.input_layernorm.forward(&h)?;
-            let q = a
-                .q_proj
-                .forward(&x, ctx)?
-                .reshape(&[b, l, nh, hd])?
-                .transpose_axes(&[0, 2, 1, 3])?;
-            let k = a
-                .k_proj
-                .forward(&x, ctx)?
-                .reshape(&[b, l, nkv, hd])?
-                .transpose_axes(&[0, 2, 1, 3])?;
-            let v = a
-                .v_proj
-                .forward(&x, ctx)?
-                .reshape(&[b, l, nkv, hd])?
-                .transpose_axes(&[0, 2, 1, 3])?;
+            let q = split_heads(&a.q_proj.forward(&x, ctx)?, nh, hd, |t| Ok(t.clone()))?;
+            let k = split_heads(&a.k_proj.forward(&x, ctx)?, nkv, hd, |t| Ok(t.clone()))?;
+            let v = split_heads(&a.v_proj.forward(&x, ctx)?, nkv, hd, |t| Ok(t.clone()))?;
             let q = a.q_norm.forward(&q)?;
             let k = a.k_norm.forward(&k)?;
             let offsets: Vec<i32> = caches
@@ -276,9 +264,7 @@ impl Gemma3 {
                 }];
                 outs.push(sdpa(&qr, &keys, &values, self.scale, mask)?);
             }
-            let o = stack_rows(outs)?
-                .transpose_axes(&[0, 2, 1, 3])?
-                .reshape(&[b, l, -1])?;
+            let o = merge_heads(&stack_rows(outs)?)?;
             let r = a.o_proj.forward(&o, ctx)?;
             h = clip_residual(&h, &layer.post_attention_layernorm.forward(&r)?)?;
             let x = layer.pre_feedforward_layernorm.forward(&h)?;

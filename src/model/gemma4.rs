@@ -4,7 +4,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{geglu, gelu_approx, scalar, softcap};
-use super::attention::{row, sdpa, stack_rows, RowOffsets};
+use super::attention::{merge_heads, row, sdpa, split_heads, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::linear::{Embedding, Linear};
@@ -434,23 +434,18 @@ impl Gemma4 {
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
             let x = layer.input_layernorm.forward(&h)?;
-            let q = a
-                .q_proj
-                .forward(&x, ctx)?
-                .reshape(&[b, l, a.n_heads, a.head_dim])?;
-            let q = a.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
+            let q = split_heads(&a.q_proj.forward(&x, ctx)?, a.n_heads, a.head_dim, |q| {
+                a.q_norm.forward(q)
+            })?;
             let new_kv = match &a.kv {
                 Some(p) => {
-                    let k =
-                        p.k_proj
-                            .forward(&x, ctx)?
-                            .reshape(&[b, l, a.n_kv_heads, a.head_dim])?;
-                    let v =
-                        p.v_proj
-                            .forward(&x, ctx)?
-                            .reshape(&[b, l, a.n_kv_heads, a.head_dim])?;
-                    let k = p.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?;
-                    let v = p.v_norm.forward(&v)?.transpose_axes(&[0, 2, 1, 3])?;
+                    let (nkv, hd) = (a.n_kv_heads, a.head_dim);
+                    let k = split_heads(&p.k_proj.forward(&x, ctx)?, nkv, hd, |k| {
+                        p.k_norm.forward(k)
+                    })?;
+                    let v = split_heads(&p.v_proj.forward(&x, ctx)?, nkv, hd, |v| {
+                        p.v_norm.forward(v)
+                    })?;
                     Some((k, v))
                 }
                 None => None,
@@ -507,8 +502,7 @@ impl Gemma4 {
                 t.record(format!("q.{i}"), &q);
                 t.record(format!("o.{i}"), &o);
             }
-            let o = o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            let attn = a.o_proj.forward(&o, ctx)?;
+            let attn = a.o_proj.forward(&merge_heads(&o)?, ctx)?;
             h = h.add(layer.post_attention_layernorm.forward(&attn)?)?;
 
             let m = layer
