@@ -88,6 +88,16 @@ pub fn row(x: &Array, b: usize) -> Result<Array> {
     Ok(x.try_index(b..b + 1)?)
 }
 
+/// Every row of a batch-major array, keeping the batch axis: one split op for all rows (the
+/// same views as [`row`] per row, in one graph node instead of B).
+pub fn split_rows(x: &Array) -> Result<Vec<Array>> {
+    let n = x.dim(0);
+    if n == 1 {
+        return Ok(vec![x.clone()]);
+    }
+    Ok(x.split_equal(n, 0)?)
+}
+
 /// Stacks per-row results back along the batch axis.
 pub fn stack_rows(mut rows: Vec<Array>) -> Result<Array> {
     if rows.len() == 1 {
