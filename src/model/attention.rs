@@ -13,7 +13,7 @@ use mlx_rs::Array;
 
 use super::cache::Mask;
 use super::rope::Rope;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Whether row-wise steps that MLX can do for all rows at once (RoPE at per-row offsets, the
 /// greedy pick) run once per row instead: `MEMEXEC_ROW_OPS=per-row`. A diagnostic switch for
@@ -88,10 +88,15 @@ pub fn row(x: &Array, b: usize) -> Result<Array> {
     Ok(x.try_index(b..b + 1)?)
 }
 
-/// Every row of a batch-major array, keeping the batch axis: one split op for all rows (the
-/// same views as [`row`] per row, in one graph node instead of B).
-pub fn split_rows(x: &Array) -> Result<Vec<Array>> {
+/// The `rows` rows of a batch-major array, keeping the batch axis: one split op for all rows
+/// (the same views as [`row`] per row, in one graph node instead of `rows`).
+pub fn split_rows(x: &Array, rows: usize) -> Result<Vec<Array>> {
     let n = x.dim(0);
+    if n as usize != rows {
+        return Err(Error::InvalidArgument(format!(
+            "batch of {n} rows for {rows} caches"
+        )));
+    }
     if n == 1 {
         return Ok(vec![x.clone()]);
     }

@@ -265,10 +265,10 @@ impl Gemma3 {
             let q = offsets.rotate(&a.rope, &q)?;
             let k = offsets.rotate(&a.rope, &k)?;
             let mut outs = Vec::with_capacity(caches.len());
-            let rows = split_rows(&q)?
+            let rows = split_rows(&q, caches.len())?
                 .into_iter()
-                .zip(split_rows(&k)?)
-                .zip(split_rows(&v)?);
+                .zip(split_rows(&k, caches.len())?)
+                .zip(split_rows(&v, caches.len())?);
             for (cache, ((qr, kr), vr)) in caches.iter_mut().zip(rows) {
                 let r = outs.len();
                 let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;

@@ -474,9 +474,13 @@ impl Gemma4 {
             };
             let mut outs = Vec::with_capacity(caches.len());
             let mut row_kvs = Vec::with_capacity(caches.len());
-            let q_rows = split_rows(&q)?;
+            let q_rows = split_rows(&q, caches.len())?;
             let mut new_rows = match &new_kv {
-                Some((k, v)) => Some(split_rows(k)?.into_iter().zip(split_rows(v)?)),
+                Some((k, v)) => Some(
+                    split_rows(k, caches.len())?
+                        .into_iter()
+                        .zip(split_rows(v, caches.len())?),
+                ),
                 None => None,
             };
             for ((r, cache), qr) in caches.iter_mut().enumerate().zip(q_rows) {
