@@ -13,7 +13,7 @@ use mlx_rs::Array;
 
 use super::cache::Mask;
 use super::rope::Rope;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Whether row-wise steps that MLX can do for all rows at once (RoPE at per-row offsets, the
 /// greedy pick) run once per row instead: `MEMEXEC_ROW_OPS=per-row`. A diagnostic switch for
@@ -116,6 +116,21 @@ pub fn merge_heads(o: &Array) -> Result<Array> {
         return Ok(o.reshape(&[b, 1, -1])?);
     }
     Ok(o.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+}
+
+/// The `rows` rows of a batch-major array, keeping the batch axis: one split op for all rows
+/// (the same views as [`row`] per row, in one graph node instead of `rows`).
+pub fn split_rows(x: &Array, rows: usize) -> Result<Vec<Array>> {
+    let n = x.dim(0);
+    if n as usize != rows {
+        return Err(Error::InvalidArgument(format!(
+            "batch of {n} rows for {rows} caches"
+        )));
+    }
+    if n == 1 {
+        return Ok(vec![x.clone()]);
+    }
+    Ok(x.split_equal(n, 0)?)
 }
 
 /// Stacks per-row results back along the batch axis.

@@ -4,7 +4,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{clip_residual, gelu_approx};
-use super::attention::{merge_heads, row, sdpa, split_heads, stack_rows, RowOffsets};
+use super::attention::{merge_heads, sdpa, split_heads, split_rows, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
 use super::linear::{Embedding, Linear};
@@ -253,10 +253,14 @@ impl Gemma3 {
             let q = offsets.rotate(&a.rope, &q)?;
             let k = offsets.rotate(&a.rope, &k)?;
             let mut outs = Vec::with_capacity(caches.len());
-            for (r, cache) in caches.iter_mut().enumerate() {
+            let rows = split_rows(&q, caches.len())?
+                .into_iter()
+                .zip(split_rows(&k, caches.len())?)
+                .zip(split_rows(&v, caches.len())?);
+            for (cache, ((qr, kr), vr)) in caches.iter_mut().zip(rows) {
+                let r = outs.len();
                 let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                let qr = row(&q, r)?;
-                let (keys, values) = lc.update_and_fetch(&row(&k, r)?, &row(&v, r)?)?;
+                let (keys, values) = lc.update_and_fetch(&kr, &vr)?;
                 let mask = &masks[r][if layer.layer_type == LayerType::Full {
                     0
                 } else {

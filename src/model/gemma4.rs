@@ -4,7 +4,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{geglu, gelu_approx, scalar, softcap};
-use super::attention::{merge_heads, row, sdpa, split_heads, stack_rows, RowOffsets};
+use super::attention::{merge_heads, sdpa, split_heads, split_rows, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::linear::{Embedding, Linear};
@@ -469,12 +469,22 @@ impl Gemma4 {
             };
             let mut outs = Vec::with_capacity(caches.len());
             let mut row_kvs = Vec::with_capacity(caches.len());
-            for (r, cache) in caches.iter_mut().enumerate() {
+            let q_rows = split_rows(&q, caches.len())?;
+            let mut new_rows = match &new_kv {
+                Some((k, v)) => Some(
+                    split_rows(k, caches.len())?
+                        .into_iter()
+                        .zip(split_rows(v, caches.len())?),
+                ),
+                None => None,
+            };
+            for ((r, cache), qr) in caches.iter_mut().enumerate().zip(q_rows) {
                 let offset = offsets.of(r);
-                let (keys, values) = match &new_kv {
-                    Some((k, v)) => {
+                let (keys, values) = match new_rows.as_mut() {
+                    Some(rows) => {
+                        let (kr, vr) = rows.next().ok_or_else(|| cache_err(i))?;
                         let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                        lc.update_and_fetch(&row(k, r)?, &row(v, r)?)?
+                        lc.update_and_fetch(&kr, &vr)?
                     }
                     None => kvs
                         .get(layer.kv_source)
@@ -482,7 +492,6 @@ impl Gemma4 {
                         .map(|kv| (kv.0.clone(), kv.1.clone()))
                         .ok_or_else(|| cache_err(layer.kv_source))?,
                 };
-                let qr = row(&q, r)?;
                 outs.push(sdpa(
                     &qr,
                     &keys,
