@@ -7,7 +7,8 @@ use super::activation::{clip_residual, gelu_approx};
 use super::attention::{merge_heads, sdpa, split_heads, split_rows, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
-use super::linear::{Embedding, Linear};
+use super::linear::{Embedding, Linear, LinearShape};
+use super::linear_group::LinearGroup;
 use super::norm::GemmaRmsNorm;
 use super::rope::Rope;
 use super::weights::Weights;
@@ -15,9 +16,8 @@ use super::ForwardCtx;
 use crate::error::{Error, Result};
 
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// `q_proj`, `k_proj`, `v_proj` (one quantized product when fused).
+    qkv: LinearGroup<3>,
     o_proj: Linear,
     q_norm: GemmaRmsNorm,
     k_norm: GemmaRmsNorm,
@@ -25,8 +25,8 @@ struct Attention {
 }
 
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// `gate_proj`, `up_proj` (one quantized product when fused).
+    gate_up: LinearGroup<2>,
     down_proj: Linear,
 }
 
@@ -69,12 +69,15 @@ pub fn sanitize_key(wrapped: bool, key: &str) -> Option<String> {
 }
 
 impl Gemma3 {
-    /// Builds the model from sanitized weights (`wrapped`: keys under `language_model.`).
+    /// Builds the model from sanitized weights (`wrapped`: keys under `language_model.`);
+    /// `fuse`: run q/k/v and gate/up as one quantized product each where they can (see
+    /// [`super::linear_group`]).
     pub fn load(
         cfg: Gemma3Config,
         quant: &QuantConfig,
         w: &mut Weights,
         wrapped: bool,
+        fuse: bool,
     ) -> Result<Gemma3> {
         let (p, head_key) = key_layout(wrapped);
         let (d, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
@@ -102,20 +105,26 @@ impl Gemma3 {
             };
             let mp = format!("{lp}.mlp");
             let im = cfg.intermediate_size;
+            let qkv = [
+                (format!("{ap}.q_proj"), nh * hd),
+                (format!("{ap}.k_proj"), nkv * hd),
+                (format!("{ap}.v_proj"), nkv * hd),
+            ];
+            let gate_up = [
+                (format!("{mp}.gate_proj"), im),
+                (format!("{mp}.up_proj"), im),
+            ];
             layers.push(TransformerBlock {
                 layer_type,
                 self_attn: Attention {
-                    q_proj: Linear::load(w, quant, &format!("{ap}.q_proj"), d, nh * hd)?,
-                    k_proj: Linear::load(w, quant, &format!("{ap}.k_proj"), d, nkv * hd)?,
-                    v_proj: Linear::load(w, quant, &format!("{ap}.v_proj"), d, nkv * hd)?,
+                    qkv: LinearGroup::load(w, quant, qkv.each_ref().map(as_part), d, fuse)?,
                     o_proj: Linear::load(w, quant, &format!("{ap}.o_proj"), nh * hd, d)?,
                     q_norm: GemmaRmsNorm::load(w, &format!("{ap}.q_norm"), hd, eps)?,
                     k_norm: GemmaRmsNorm::load(w, &format!("{ap}.k_norm"), hd, eps)?,
                     rope: Rope::new(hd, false, rope_params)?,
                 },
                 mlp: Mlp {
-                    gate_proj: Linear::load(w, quant, &format!("{mp}.gate_proj"), d, im)?,
-                    up_proj: Linear::load(w, quant, &format!("{mp}.up_proj"), d, im)?,
+                    gate_up: LinearGroup::load(w, quant, gate_up.each_ref().map(as_part), d, fuse)?,
                     down_proj: Linear::load(w, quant, &format!("{mp}.down_proj"), im, d)?,
                 },
                 input_layernorm: GemmaRmsNorm::load(w, &format!("{lp}.input_layernorm"), d, eps)?,
@@ -159,21 +168,28 @@ impl Gemma3 {
         })
     }
 
-    /// Calls `f` on every linear layer (not the tied head), in checkpoint order.
-    pub fn visit_linears(&self, f: &mut dyn FnMut(&Linear)) {
+    /// Calls `f` on every linear module (not the tied head), in checkpoint order; the parts
+    /// of a fused group each on their own.
+    pub fn visit_linears(&self, f: &mut dyn FnMut(LinearShape<'_>)) {
         for layer in &self.layers {
-            let a = &layer.self_attn;
-            for l in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj] {
-                f(l);
-            }
-            let m = &layer.mlp;
-            for l in [&m.gate_proj, &m.up_proj, &m.down_proj] {
-                f(l);
-            }
+            layer.self_attn.qkv.visit(f);
+            f(layer.self_attn.o_proj.shape());
+            layer.mlp.gate_up.visit(f);
+            f(layer.mlp.down_proj.shape());
         }
         if let Some(head) = &self.lm_head {
-            f(head);
+            f(head.shape());
         }
+    }
+
+    /// Groups of projections that run as one quantized product.
+    pub fn fused_groups(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                usize::from(l.self_attn.qkv.is_fused()) + usize::from(l.mlp.gate_up.is_fused())
+            })
+            .sum()
     }
 
     /// The activation dtype.
@@ -240,9 +256,10 @@ impl Gemma3 {
                 self.cfg.head_dim,
             );
             let x = layer.input_layernorm.forward(&h)?;
-            let q = split_heads(&a.q_proj.forward(&x, ctx)?, nh, hd, |t| Ok(t.clone()))?;
-            let k = split_heads(&a.k_proj.forward(&x, ctx)?, nkv, hd, |t| Ok(t.clone()))?;
-            let v = split_heads(&a.v_proj.forward(&x, ctx)?, nkv, hd, |t| Ok(t.clone()))?;
+            let [q, k, v] = a.qkv.forward(&x, ctx)?;
+            let q = split_heads(&q, nh, hd, |t| Ok(t.clone()))?;
+            let k = split_heads(&k, nkv, hd, |t| Ok(t.clone()))?;
+            let v = split_heads(&v, nkv, hd, |t| Ok(t.clone()))?;
             let q = a.q_norm.forward(&q)?;
             let k = a.k_norm.forward(&k)?;
             let offsets: Vec<i32> = caches
@@ -272,11 +289,11 @@ impl Gemma3 {
             let r = a.o_proj.forward(&o, ctx)?;
             h = clip_residual(&h, &layer.post_attention_layernorm.forward(&r)?)?;
             let x = layer.pre_feedforward_layernorm.forward(&h)?;
-            let g = gelu_approx(&layer.mlp.gate_proj.forward(&x, ctx)?)?;
+            let [gate, up] = layer.mlp.gate_up.forward(&x, ctx)?;
             let m = layer
                 .mlp
                 .down_proj
-                .forward(&g.multiply(layer.mlp.up_proj.forward(&x, ctx)?)?, ctx)?;
+                .forward(&gelu_approx(&gate)?.multiply(&up)?, ctx)?;
             h = clip_residual(&h, &layer.post_feedforward_layernorm.forward(&m)?)?;
         }
 
@@ -292,6 +309,11 @@ impl Gemma3 {
         };
         Ok(logits.reshape(&[b, self.cfg.vocab_size])?)
     }
+}
+
+/// A `(path, output features)` pair as [`LinearGroup::load`] takes it.
+fn as_part((path, out_dim): &(String, i32)) -> (&str, i32) {
+    (path, *out_dim)
 }
 
 fn cache_err(layer: usize) -> Error {

@@ -7,7 +7,8 @@ use super::activation::{geglu, gelu_approx, scalar, softcap};
 use super::attention::{merge_heads, sdpa, split_heads, split_rows, stack_rows, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
-use super::linear::{Embedding, Linear};
+use super::linear::{Embedding, Linear, LinearShape};
+use super::linear_group::LinearGroup;
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use super::trace::Trace;
@@ -15,20 +16,23 @@ use super::weights::Weights;
 use super::ForwardCtx;
 use crate::error::{Error, Result};
 
-/// Projections of a layer that computes its own keys and values.
-struct KvProjections {
-    k_proj: Linear,
-    v_proj: Linear,
-    k_norm: RmsNorm,
-    v_norm: RmsNorm,
+/// The input projections of an attention block.
+enum QkvProjections {
+    /// A KV-shared layer: queries only (keys and values come from its `kv_source`).
+    Queries(Linear),
+    /// A layer that computes its own keys and values: `q_proj`, `k_proj`, `v_proj`, one
+    /// quantized product when fused.
+    Own {
+        qkv: LinearGroup<3>,
+        k_norm: RmsNorm,
+        v_norm: RmsNorm,
+    },
 }
 
 struct Attention {
-    q_proj: Linear,
+    proj: QkvProjections,
     o_proj: Linear,
     q_norm: RmsNorm,
-    /// `None` on KV-shared layers.
-    kv: Option<KvProjections>,
     rope: Rope,
     n_heads: i32,
     n_kv_heads: i32,
@@ -36,26 +40,30 @@ struct Attention {
 }
 
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// `gate_proj`, `up_proj` (one quantized product when fused).
+    gate_up: LinearGroup<2>,
     down_proj: Linear,
 }
 
 impl Mlp {
-    fn load(w: &mut Weights, q: &QuantConfig, p: &str, dim: i32, hidden: i32) -> Result<Mlp> {
+    fn load(
+        w: &mut Weights,
+        q: &QuantConfig,
+        p: &str,
+        dim: i32,
+        hidden: i32,
+        fuse: bool,
+    ) -> Result<Mlp> {
+        let (gate, up) = (format!("{p}.gate_proj"), format!("{p}.up_proj"));
         Ok(Mlp {
-            gate_proj: Linear::load(w, q, &format!("{p}.gate_proj"), dim, hidden)?,
-            up_proj: Linear::load(w, q, &format!("{p}.up_proj"), dim, hidden)?,
+            gate_up: LinearGroup::load(w, q, [(&gate, hidden), (&up, hidden)], dim, fuse)?,
             down_proj: Linear::load(w, q, &format!("{p}.down_proj"), hidden, dim)?,
         })
     }
 
     fn forward(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
-        let h = geglu(
-            &self.gate_proj.forward(x, ctx)?,
-            &self.up_proj.forward(x, ctx)?,
-        )?;
-        self.down_proj.forward(&h, ctx)
+        let [gate, up] = self.gate_up.forward(x, ctx)?;
+        self.down_proj.forward(&geglu(&gate, &up)?, ctx)
     }
 }
 
@@ -164,12 +172,15 @@ pub fn sanitize_key(cfg: &Gemma4Config, wrapped: bool, key: &str) -> Option<Stri
 }
 
 impl Gemma4 {
-    /// Builds the model from sanitized weights (`wrapped`: keys under `language_model.`).
+    /// Builds the model from sanitized weights (`wrapped`: keys under `language_model.`);
+    /// `fuse`: run q/k/v and gate/up as one quantized product each where they can (see
+    /// [`super::linear_group`]).
     pub fn load(
         cfg: Gemma4Config,
         quant: &QuantConfig,
         w: &mut Weights,
         wrapped: bool,
+        fuse: bool,
     ) -> Result<Gemma4> {
         let (p, head_key) = key_layout(wrapped);
         let d = cfg.hidden_size;
@@ -218,21 +229,26 @@ impl Gemma4 {
             };
             let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
             let ap = format!("{lp}.self_attn");
-            let kv = if i < first_shared {
-                Some(KvProjections {
-                    k_proj: Linear::load(w, quant, &format!("{ap}.k_proj"), d, nkv * head_dim)?,
-                    v_proj: Linear::load(w, quant, &format!("{ap}.v_proj"), d, nkv * head_dim)?,
+            let q_path = format!("{ap}.q_proj");
+            let proj = if i < first_shared {
+                let (k_path, v_path) = (format!("{ap}.k_proj"), format!("{ap}.v_proj"));
+                let parts = [
+                    (q_path.as_str(), nh * head_dim),
+                    (k_path.as_str(), nkv * head_dim),
+                    (v_path.as_str(), nkv * head_dim),
+                ];
+                QkvProjections::Own {
+                    qkv: LinearGroup::load(w, quant, parts, d, fuse)?,
                     k_norm: RmsNorm::load(w, &format!("{ap}.k_norm"), head_dim, eps)?,
                     v_norm: RmsNorm::without_weight(eps),
-                })
+                }
             } else {
-                None
+                QkvProjections::Queries(Linear::load(w, quant, &q_path, d, nh * head_dim)?)
             };
             let self_attn = Attention {
-                q_proj: Linear::load(w, quant, &format!("{ap}.q_proj"), d, nh * head_dim)?,
+                proj,
                 o_proj: Linear::load(w, quant, &format!("{ap}.o_proj"), nh * head_dim, d)?,
                 q_norm: RmsNorm::load(w, &format!("{ap}.q_norm"), head_dim, eps)?,
-                kv,
                 rope: Rope::new(head_dim, cfg.rope_traditional, rope_params)?,
                 n_heads: nh,
                 n_kv_heads: nkv,
@@ -279,7 +295,7 @@ impl Gemma4 {
             layers.push(DecoderLayer {
                 layer_type,
                 self_attn,
-                mlp: Mlp::load(w, quant, &format!("{lp}.mlp"), d, mlp_hidden)?,
+                mlp: Mlp::load(w, quant, &format!("{lp}.mlp"), d, mlp_hidden, fuse)?,
                 input_layernorm: RmsNorm::load(w, &format!("{lp}.input_layernorm"), d, eps)?,
                 post_attention_layernorm: RmsNorm::load(
                     w,
@@ -322,30 +338,43 @@ impl Gemma4 {
         })
     }
 
-    /// Calls `f` on every linear layer (not the tied head), in checkpoint order.
-    pub fn visit_linears(&self, f: &mut dyn FnMut(&Linear)) {
+    /// Calls `f` on every linear module (not the tied head), in checkpoint order; the parts
+    /// of a fused group each on their own.
+    pub fn visit_linears(&self, f: &mut dyn FnMut(LinearShape<'_>)) {
         if let Some(pl) = &self.per_layer_inputs {
-            f(&pl.per_layer_model_projection);
+            f(pl.per_layer_model_projection.shape());
         }
         for layer in &self.layers {
             let a = &layer.self_attn;
-            f(&a.q_proj);
-            if let Some(kv) = &a.kv {
-                f(&kv.k_proj);
-                f(&kv.v_proj);
+            match &a.proj {
+                QkvProjections::Queries(q_proj) => f(q_proj.shape()),
+                QkvProjections::Own { qkv, .. } => qkv.visit(f),
             }
-            f(&a.o_proj);
-            f(&layer.mlp.gate_proj);
-            f(&layer.mlp.up_proj);
-            f(&layer.mlp.down_proj);
+            f(a.o_proj.shape());
+            layer.mlp.gate_up.visit(f);
+            f(layer.mlp.down_proj.shape());
             if let Some(br) = &layer.per_layer {
-                f(&br.per_layer_input_gate);
-                f(&br.per_layer_projection);
+                f(br.per_layer_input_gate.shape());
+                f(br.per_layer_projection.shape());
             }
         }
         if let Some(head) = &self.lm_head {
-            f(head);
+            f(head.shape());
         }
+    }
+
+    /// Groups of projections that run as one quantized product.
+    pub fn fused_groups(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|layer| {
+                let qkv = match &layer.self_attn.proj {
+                    QkvProjections::Own { qkv, .. } => qkv.is_fused(),
+                    QkvProjections::Queries(_) => false,
+                };
+                usize::from(qkv) + usize::from(layer.mlp.gate_up.is_fused())
+            })
+            .sum()
     }
 
     /// The activation dtype.
@@ -434,22 +463,21 @@ impl Gemma4 {
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
             let x = layer.input_layernorm.forward(&h)?;
-            let q = split_heads(&a.q_proj.forward(&x, ctx)?, a.n_heads, a.head_dim, |q| {
-                a.q_norm.forward(q)
-            })?;
-            let new_kv = match &a.kv {
-                Some(p) => {
+            let (q, new_kv) = match &a.proj {
+                QkvProjections::Queries(q_proj) => (q_proj.forward(&x, ctx)?, None),
+                QkvProjections::Own {
+                    qkv,
+                    k_norm,
+                    v_norm,
+                } => {
+                    let [q, k, v] = qkv.forward(&x, ctx)?;
                     let (nkv, hd) = (a.n_kv_heads, a.head_dim);
-                    let k = split_heads(&p.k_proj.forward(&x, ctx)?, nkv, hd, |k| {
-                        p.k_norm.forward(k)
-                    })?;
-                    let v = split_heads(&p.v_proj.forward(&x, ctx)?, nkv, hd, |v| {
-                        p.v_norm.forward(v)
-                    })?;
-                    Some((k, v))
+                    let k = split_heads(&k, nkv, hd, |k| k_norm.forward(k))?;
+                    let v = split_heads(&v, nkv, hd, |v| v_norm.forward(v))?;
+                    (q, Some((k, v)))
                 }
-                None => None,
             };
+            let q = split_heads(&q, a.n_heads, a.head_dim, |q| a.q_norm.forward(q))?;
             // Each row's RoPE offset: its cache's, or that of the layer it shares keys with.
             let offsets: Vec<i32> = match &new_kv {
                 Some(_) => caches

@@ -11,15 +11,52 @@ use crate::error::{Error, Result};
 
 /// The stored form of a weight matrix `[out, in]`.
 enum Matrix {
-    Dense {
-        weight: Array,
-    },
-    Quantized {
-        weight: Array,
-        scales: Array,
-        biases: Array,
-        params: QuantParams,
-    },
+    Dense { weight: Array },
+    Quantized(QuantizedMatrix),
+}
+
+/// An MLX affine-quantized matrix `[out, in]`: packed `uint32` words `[out, in * bits / 32]`,
+/// one scale and one bias per group of `group_size` inputs (`[out, in / group_size]`).
+pub(super) struct QuantizedMatrix {
+    pub(super) weight: Array,
+    pub(super) scales: Array,
+    pub(super) biases: Array,
+    pub(super) params: QuantParams,
+}
+
+impl QuantizedMatrix {
+    /// `x W^T` over the last axis of `x`, through MLX's quantized kernel: the one place a
+    /// packed product is built, so a lone layer and a fused group (see
+    /// [`super::linear_group`]) run the very same operation.
+    pub(super) fn matmul(&self, x: &Array) -> Result<Array> {
+        // transpose = true: mlx-rs defaults to false, unlike Python's nn.QuantizedLinear.
+        Ok(quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            &self.biases,
+            true,
+            self.params.group_size,
+            self.params.bits,
+        )?)
+    }
+
+    /// Bytes held by the packed words, scales and biases.
+    pub(super) fn nbytes(&self) -> usize {
+        self.weight.nbytes() + self.scales.nbytes() + self.biases.nbytes()
+    }
+}
+
+/// A linear module's path and shape: what LoRA validation checks adapters against
+/// (`Model::linear_modules`), whether the module runs alone or inside a fused group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearShape<'a> {
+    /// The module path (see [`Linear::path`]).
+    pub path: &'a str,
+    /// Input features.
+    pub in_dim: i32,
+    /// Output features.
+    pub out_dim: i32,
 }
 
 /// A bias-free linear layer `y = x W^T`, dense or quantized, that knows its module path.
@@ -111,12 +148,12 @@ impl Linear {
             check_float(&scales_key, &sfile, &scales)?;
             check_shape(&biases_key, &bfile, &biases, &[out_dim, groups])?;
             check_float(&biases_key, &bfile, &biases)?;
-            Matrix::Quantized {
+            Matrix::Quantized(QuantizedMatrix {
                 weight,
                 scales,
                 biases,
                 params,
-            }
+            })
         } else {
             Matrix::Dense {
                 weight: w.take_float(&weight_key, &[out_dim, in_dim])?,
@@ -146,11 +183,40 @@ impl Linear {
         self.out_dim
     }
 
+    /// Path and shape together.
+    pub fn shape(&self) -> LinearShape<'_> {
+        LinearShape {
+            path: &self.path,
+            in_dim: self.in_dim,
+            out_dim: self.out_dim,
+        }
+    }
+
+    /// The packed matrix, when this layer is quantized.
+    pub(super) fn quantized(&self) -> Option<&QuantizedMatrix> {
+        match &self.matrix {
+            Matrix::Quantized(q) => Some(q),
+            Matrix::Dense { .. } => None,
+        }
+    }
+
+    /// The checkpoint tensors [`Linear::load`] took for `path`, quantized or not.
+    pub(super) fn tensor_names(&self) -> Vec<String> {
+        let suffixes: &[&str] = match self.matrix {
+            Matrix::Quantized(_) => &["weight", "scales", "biases"],
+            Matrix::Dense { .. } => &["weight"],
+        };
+        suffixes
+            .iter()
+            .map(|s| format!("{}.{s}", self.path))
+            .collect()
+    }
+
     /// The dtype of the values this layer produces from a same-dtype input.
     pub fn dtype(&self) -> Dtype {
         match &self.matrix {
             Matrix::Dense { weight } => weight.dtype(),
-            Matrix::Quantized { scales, .. } => scales.dtype(),
+            Matrix::Quantized(q) => q.scales.dtype(),
         }
     }
 
@@ -158,45 +224,20 @@ impl Linear {
     pub fn nbytes(&self) -> usize {
         match &self.matrix {
             Matrix::Dense { weight } => weight.nbytes(),
-            Matrix::Quantized {
-                weight,
-                scales,
-                biases,
-                ..
-            } => weight.nbytes() + scales.nbytes() + biases.nbytes(),
+            Matrix::Quantized(q) => q.nbytes(),
         }
     }
 
     /// `x W^T` over the last axis of `x`.
     /// Rows with LoRA adapters on this module get their deltas added (see [`crate::lora`]).
     pub fn forward(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
-        let y = self.forward_base(x)?;
-        match &ctx.adapters {
-            Some(adapters) => adapters.apply(&self.path, x, y),
-            None => Ok(y),
-        }
+        with_adapters(&self.path, x, self.forward_base(x)?, ctx)
     }
 
     fn forward_base(&self, x: &Array) -> Result<Array> {
         Ok(match &self.matrix {
             Matrix::Dense { weight } => dense_matmul(x, weight)?,
-            Matrix::Quantized {
-                weight,
-                scales,
-                biases,
-                params,
-            } => {
-                // transpose = true: mlx-rs defaults to false, unlike Python's nn.QuantizedLinear.
-                quantized_matmul(
-                    x,
-                    weight,
-                    scales,
-                    biases,
-                    true,
-                    params.group_size,
-                    params.bits,
-                )?
-            }
+            Matrix::Quantized(q) => q.matmul(x)?,
         })
     }
 
@@ -204,23 +245,28 @@ impl Linear {
     fn rows(&self, ids: &Array) -> Result<Array> {
         Ok(match &self.matrix {
             Matrix::Dense { weight } => weight.take_axis(ids, 0)?,
-            Matrix::Quantized {
-                weight,
-                scales,
-                biases,
-                params,
-            } => dequantize(
-                weight.take_axis(ids, 0)?,
-                scales.take_axis(ids, 0)?,
-                &biases.take_axis(ids, 0)?,
-                params.group_size,
-                params.bits,
+            Matrix::Quantized(q) => dequantize(
+                q.weight.take_axis(ids, 0)?,
+                q.scales.take_axis(ids, 0)?,
+                &q.biases.take_axis(ids, 0)?,
+                q.params.group_size,
+                q.params.bits,
             )?,
         })
     }
 
     fn forward_head(&self, x: &Array) -> Result<Array> {
         self.forward_base(x)
+    }
+}
+
+/// `y`, the base output of module `path` for input `x`, plus the LoRA deltas `ctx` gives that
+/// module's rows. The one place adapters meet a linear layer, so a lone layer and a part of a
+/// fused group (see [`super::linear_group`]) add them identically.
+pub(super) fn with_adapters(path: &str, x: &Array, y: Array, ctx: &ForwardCtx) -> Result<Array> {
+    match &ctx.adapters {
+        Some(adapters) => adapters.apply(path, x, y),
+        None => Ok(y),
     }
 }
 

@@ -15,6 +15,7 @@ pub mod config;
 pub mod gemma3;
 pub mod gemma4;
 pub mod linear;
+pub mod linear_group;
 pub mod norm;
 pub mod rope;
 pub mod trace;
@@ -47,6 +48,28 @@ impl ForwardCtx {
     }
 }
 
+/// How [`Model::load_opts`] builds a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The form of the quantized matrices.
+    pub weights: WeightChoice,
+    /// Run each layer's q/k/v projections, and its gate/up projections, as one quantized
+    /// product where the parts allow it (see [`linear_group`]); the results are bit-identical
+    /// either way, fusion only launches fewer kernels.
+    pub fuse_projections: bool,
+}
+
+impl LoadOptions {
+    /// `weights`, fusing projections unless `MEMEXEC_FUSE_PROJECTIONS=0`
+    /// ([`linear_group::fuse_projections_default`]).
+    pub fn new(weights: WeightChoice) -> LoadOptions {
+        LoadOptions {
+            weights,
+            fuse_projections: linear_group::fuse_projections_default(),
+        }
+    }
+}
+
 /// Facts about a loaded model that callers need.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
@@ -68,6 +91,9 @@ pub struct ModelInfo {
     pub weight_form: WeightForm,
     /// Whether MLX's default device was the CPU when the model loaded (where it runs).
     pub on_cpu: bool,
+    /// Groups of projections (a layer's q/k/v, its gate/up) that run as one quantized
+    /// product; 0 with fusion off or dense matrices.
+    pub fused_groups: usize,
 }
 
 enum Arch {
@@ -92,6 +118,15 @@ impl Model {
 
     /// Loads a model directory in the form `weights` asks for (see [`weight_form`]).
     pub fn load_with(dir: &Path, weights: WeightChoice) -> Result<Model> {
+        Model::load_opts(dir, LoadOptions::new(weights))
+    }
+
+    /// Loads a model directory as `opts` says.
+    pub fn load_opts(dir: &Path, opts: LoadOptions) -> Result<Model> {
+        let LoadOptions {
+            weights,
+            fuse_projections: fuse,
+        } = opts;
         let cfg = ModelConfig::load(dir)?;
         let mut w = weights::Weights::load(dir)?;
         let wrapped = matches!(cfg.model_type.as_str(), "gemma4" | "gemma3");
@@ -122,19 +157,22 @@ impl Model {
         let weight_bytes = w.nbytes();
         let arch = match &cfg.arch {
             ArchConfig::Gemma4(c) => {
-                let m = gemma4::Gemma4::load(c.clone(), &cfg.quant, &mut w, wrapped)?;
+                let m = gemma4::Gemma4::load(c.clone(), &cfg.quant, &mut w, wrapped, fuse)?;
                 Arch::Gemma4(Box::new(m))
             }
             ArchConfig::Gemma3(c) => {
-                let m = gemma3::Gemma3::load(c.clone(), &cfg.quant, &mut w, wrapped)?;
+                let m = gemma3::Gemma3::load(c.clone(), &cfg.quant, &mut w, wrapped, fuse)?;
                 Arch::Gemma3(Box::new(m))
             }
         };
         w.finish()?;
-        let dtype = match &arch {
-            Arch::Gemma4(m) => m.dtype(),
-            Arch::Gemma3(m) => m.dtype(),
+        let (dtype, fused_groups) = match &arch {
+            Arch::Gemma4(m) => (m.dtype(), m.fused_groups()),
+            Arch::Gemma3(m) => (m.dtype(), m.fused_groups()),
         };
+        if fused_groups > 0 {
+            tracing::info!(groups = fused_groups, "projections: fused");
+        }
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),
             eos_token_ids: cfg.eos_token_ids.clone(),
@@ -145,6 +183,7 @@ impl Model {
             weight_bytes,
             weight_form,
             on_cpu: facts.cpu,
+            fused_groups,
         };
         let mut model = Model {
             arch,
@@ -155,15 +194,16 @@ impl Model {
         Ok(model)
     }
 
-    /// Every linear layer (path and shape), for mounting LoRA adapters; the tied output head
-    /// is not among them (it is the embedding table).
+    /// Every linear module (path and shape), for mounting LoRA adapters; the tied output head
+    /// is not among them (it is the embedding table). Parts of a fused group are listed each
+    /// under its own path: adapters apply per module whether or not it was fused.
     pub fn linear_modules(&self) -> Vec<crate::lora::ModuleShape> {
         let mut out = Vec::new();
-        let mut visit = |l: &linear::Linear| {
+        let mut visit = |l: linear::LinearShape<'_>| {
             out.push(crate::lora::ModuleShape {
-                path: l.path().to_string(),
-                in_dim: l.in_dim(),
-                out_dim: l.out_dim(),
+                path: l.path.to_string(),
+                in_dim: l.in_dim,
+                out_dim: l.out_dim,
             })
         };
         match &self.arch {

@@ -23,8 +23,8 @@ struct Entry {
 pub struct Weights {
     dir: PathBuf,
     tensors: BTreeMap<String, Entry>,
-    /// Tensors handed out so far, evaluated (read from disk) together by `finish`.
-    taken: Vec<Array>,
+    /// Tensors handed out so far, by name, evaluated (read from disk) together by `finish`.
+    taken: BTreeMap<String, Array>,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> Error {
@@ -118,7 +118,7 @@ impl Weights {
         Ok(Weights {
             dir: dir.to_path_buf(),
             tensors,
-            taken: Vec::new(),
+            taken: BTreeMap::new(),
         })
     }
 
@@ -158,7 +158,7 @@ impl Weights {
     pub fn take_raw(&mut self, name: &str) -> Result<(Array, PathBuf)> {
         match self.tensors.remove(name) {
             Some(e) => {
-                self.taken.push(e.array.clone());
+                self.taken.insert(name.to_string(), e.array.clone());
                 Ok((e.array, e.file))
             }
             None => Err(self.missing(name)),
@@ -171,6 +171,13 @@ impl Weights {
         check_shape(name, &file, &a, shape)?;
         check_float(name, &file, &a)?;
         Ok(a)
+    }
+
+    /// Lets go of taken tensor `name`: [`Weights::finish`] will not read it. For a caller
+    /// that has already evaluated what it built from the tensor and drops the original (a
+    /// fused matrix): holding it until `finish` would keep both copies in memory.
+    pub fn release(&mut self, name: &str) {
+        self.taken.remove(name);
     }
 
     /// Bytes of the tensors not yet taken.
@@ -255,7 +262,7 @@ impl Weights {
     pub fn finish(self) -> Result<()> {
         match self.tensors.into_iter().next() {
             None => {
-                mlx_rs::transforms::eval(self.taken.iter())?;
+                mlx_rs::transforms::eval(self.taken.values())?;
                 Ok(())
             }
             Some((name, e)) => Err(Error::Tensor {

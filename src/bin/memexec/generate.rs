@@ -149,6 +149,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "text": text,
             "stop": stop,
             "load_s": load_s,
+            "fused_projections": model.info().fused_groups,
             "prefill_tokens_per_s": prefill_tps,
             "decode_tokens_per_s": decode_tps,
             "decode_profile_ms_per_step": {
