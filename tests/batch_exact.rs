@@ -6,15 +6,13 @@
 //! dense (`WeightChoice`). Needs .deps/fixtures (scripts/setup.sh).
 mod model_support;
 
-use std::rc::Rc;
-
 use memexec::config::Config;
 use memexec::engine::batched::{self_check, Row, Started};
 use memexec::engine::scheduler::Limits;
 use memexec::engine::{CallOptions, Decoder, Engine, LocalInput, RowRequest};
-use memexec::lora::{AdapterRegistry, AdapterStack};
+use memexec::lora::AdapterStack;
 use memexec::model::{Model, WeightChoice};
-use model_support::{assert_batches_equal, fixtures_dir, model_dir, serial_ids};
+use model_support::{assert_batches_equal, model_dir, mount_adapters, serial_ids};
 
 const FIXTURE: &str = "tiny-gemma4-q4-f32";
 
@@ -151,17 +149,7 @@ fn mixed_adapters_in_one_batch_equal_their_serial_runs() {
     for form in FORMS {
         let model = model(form);
         let stop = model.info().eos_token_ids.clone();
-        let mut reg = AdapterRegistry::new(model.linear_modules());
-        let names = ["lora-default", "lora-attn-mlp", "lora-ple"];
-        let ids_of: Vec<_> = names
-            .iter()
-            .map(|n| {
-                let d = fixtures_dir().join("adapters").join(n);
-                assert!(d.is_dir(), "{} missing: run scripts/setup.sh", d.display());
-                reg.mount(&d).expect("mount")
-            })
-            .collect();
-        let reg = Rc::new(reg);
+        let (reg, ids_of) = mount_adapters(&model, &["lora-default", "lora-attn-mlp", "lora-ple"]);
         let stacks = [
             AdapterStack::none(),
             AdapterStack::single(ids_of[0]),

@@ -11,28 +11,13 @@ use memexec::generate::{argmax_rows, greedy, prefill, GenerateOptions, PREFILL_S
 use memexec::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
 use memexec::model::{ForwardCtx, Model, RowCache};
 use mlx_rs::Array;
-use model_support::{argmax, fixtures_dir, model_dir, oracle};
+use model_support::{adapter_dir, argmax, model_dir, mount_adapters, oracle};
 
 const FIXTURE: &str = "tiny-gemma4-q4-f32";
 const ADAPTERS: [&str; 3] = ["lora-default", "lora-attn-mlp", "lora-ple"];
 
-fn adapter_dir(name: &str) -> PathBuf {
-    let d = fixtures_dir().join("adapters").join(name);
-    assert!(
-        d.join("adapters.safetensors").is_file(),
-        "adapter fixture {} missing: run scripts/setup.sh",
-        d.display()
-    );
-    d
-}
-
 fn mount_all(model: &Model) -> (Rc<AdapterRegistry>, Vec<AdapterId>) {
-    let mut reg = AdapterRegistry::new(model.linear_modules());
-    let ids = ADAPTERS
-        .iter()
-        .map(|a| reg.mount(&adapter_dir(a)).expect("mount"))
-        .collect();
-    (Rc::new(reg), ids)
+    mount_adapters(model, &ADAPTERS)
 }
 
 fn ctx_for(reg: &Rc<AdapterRegistry>, stacks: Vec<AdapterStack>) -> ForwardCtx {

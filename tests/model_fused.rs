@@ -12,11 +12,11 @@ use std::path::Path;
 use std::process::Command;
 use std::rc::Rc;
 
-use memexec::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
+use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
 use memexec::model::{ForwardCtx, LoadOptions, Model, RowCache, WeightChoice};
 use mlx_rs::ops::{concatenate, dequantize, quantize, quantized_matmul};
 use mlx_rs::{Array, Dtype};
-use model_support::{argmax, fixtures_dir, model_dir};
+use model_support::{argmax, model_dir, mount_adapters};
 
 /// The quantized fixtures and how many groups fuse in each: Gemma-4 tiny has 12 layers, 7 of
 /// them with their own keys / values (q/k/v + gate/up) and 5 KV-shared (gate/up only); the
@@ -285,19 +285,6 @@ fn fused_models_equal_unfused_batched() {
     }
 }
 
-fn mount(model: &Model, names: &[&str]) -> (Rc<AdapterRegistry>, Vec<AdapterId>) {
-    let mut reg = AdapterRegistry::new(model.linear_modules());
-    let ids = names
-        .iter()
-        .map(|n| {
-            let d = fixtures_dir().join("adapters").join(n);
-            assert!(d.is_dir(), "{} missing: run scripts/setup.sh", d.display());
-            reg.mount(&d).expect("mount")
-        })
-        .collect();
-    (Rc::new(reg), ids)
-}
-
 /// Adapters on q/k/v and gate/up (layers 6-11, k/v where they exist) add their deltas to the
 /// fused parts' slices exactly as to the separate products: alone, stacked, and in a batch
 /// that mixes them with base rows.
@@ -307,8 +294,8 @@ fn lora_on_fused_parts_equals_unfused() {
     let (fused, plain) = (load(&dir, true), load(&dir, false));
     assert!(fused.info().fused_groups > 0);
     let names = ["lora-default", "lora-attn-mlp", "lora-ple"];
-    let (freg, fids) = mount(&fused, &names);
-    let (preg, pids) = mount(&plain, &names);
+    let (freg, fids) = mount_adapters(&fused, &names);
+    let (preg, pids) = mount_adapters(&plain, &names);
     assert_eq!(fids, pids);
     let stacks = [
         AdapterStack::single(fids[0]),

@@ -2,7 +2,10 @@
 //! (written by scripts/setup.sh; schema in tests/fixtures/README.md).
 #![allow(dead_code)]
 use std::path::PathBuf;
+use std::rc::Rc;
 
+use memexec::lora::{AdapterId, AdapterRegistry};
+use memexec::model::Model;
 use serde_json::Value;
 
 /// `.deps/fixtures` (or `$MEMEXEC_FIXTURES`); fails with a setup hint when absent.
@@ -27,6 +30,27 @@ pub fn model_dir(name: &str) -> PathBuf {
         d.display()
     );
     d
+}
+
+/// A LoRA adapter fixture directory (`.deps/fixtures/adapters/NAME`).
+pub fn adapter_dir(name: &str) -> PathBuf {
+    let d = fixtures_dir().join("adapters").join(name);
+    assert!(
+        d.join("adapters.safetensors").is_file(),
+        "adapter fixture {} missing: run scripts/setup.sh",
+        d.display()
+    );
+    d
+}
+
+/// A registry for `model` with the adapter fixtures `names` mounted, and their ids in order.
+pub fn mount_adapters(model: &Model, names: &[&str]) -> (Rc<AdapterRegistry>, Vec<AdapterId>) {
+    let mut reg = AdapterRegistry::new(model.linear_modules());
+    let ids = names
+        .iter()
+        .map(|n| reg.mount(&adapter_dir(n)).expect("mount"))
+        .collect();
+    (Rc::new(reg), ids)
 }
 
 /// One prompt of an oracle file.
