@@ -10,6 +10,7 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
+use crate::mlx_ffi::print_graph;
 use crate::model::{ForwardCtx, Model, RowCache};
 
 /// mlx-lm's default `prefill_step_size`.
@@ -221,6 +222,35 @@ pub fn step_picks(
     // The tokens are picks of this model or prompt ids checked by `prefill_lazy`.
     let logits = model.forward_own_tokens(tokens, caches, ctx)?;
     argmax_lazy(&logits, model.info().dtype)
+}
+
+/// The graph of one decode step over `rows` sequences that have each seen `prompt`, as MLX's
+/// `print_graph` text ([`crate::mlx_ffi::print_graph`]; [`crate::mlx_ffi::GraphCensus::from_text`] counts
+/// it): every node MLX will run for the step, nothing of the prefill (the caches are evaluated
+/// first). On a GPU a decode step costs host time per node, so the node count is a noise-free
+/// proxy for its speed.
+pub fn decode_step_graph(
+    model: &Model,
+    prompt: &[u32],
+    rows: usize,
+    ctx: &ForwardCtx,
+) -> Result<String> {
+    if rows == 0 {
+        return Err(Error::InvalidArgument("rows must be at least 1".into()));
+    }
+    let mut caches: Vec<RowCache> = (0..rows).map(|_| model.new_cache()).collect();
+    let mut firsts = Vec::with_capacity(rows);
+    for cache in caches.iter_mut() {
+        firsts.push(prefill(model, prompt, cache, PREFILL_STEP, ctx)?);
+        cache.eval()?;
+    }
+    let tokens = ids_array(&firsts, &[rows as i32, 1])?;
+    tokens.eval()?;
+    let mut refs: Vec<&mut RowCache> = caches.iter_mut().collect();
+    let picks = step_picks(model, &tokens, &mut refs, ctx)?;
+    let text = print_graph(&[&picks])?;
+    picks.eval()?;
+    Ok(text)
 }
 
 /// One step of [`greedy_logprobs`]: the greedy id and the log-probabilities it was picked

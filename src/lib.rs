@@ -2,7 +2,8 @@
 //! memory pipeline, behind a C ABI (`include/memexec.h`), a `bun:ffi` binding (`ts/`) and a
 //! Node-API addon (`bindings/node`).
 //!
-//! Layout: [`capi`] is the C boundary (the only place with `unsafe`), the rest is safe Rust.
+//! Layout: [`capi`] is the C boundary and [`mlx_ffi`] the few direct MLX-C calls (the only
+//! places with `unsafe`); the rest is safe Rust.
 #![deny(unsafe_code)]
 
 pub mod bench;
@@ -12,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod lora;
+pub mod mlx_ffi;
 pub mod model;
 pub mod prompt;
 

@@ -63,6 +63,20 @@ fn mixed_batches_equal_serial_at_every_width() {
     }
 }
 
+/// The GPU decoder's form on the CPU: one forward per step with every quantized product cut
+/// into chunks of at most 3 rows, and the older form, several forwards of at most 3 rows.
+#[test]
+fn row_limits_per_product_or_per_forward_equal_serial() {
+    let model = model(WeightChoice::Quantized);
+    let stop = model.info().eos_token_ids.clone();
+    let rows = mixed_rows();
+    let want: Vec<Vec<u32>> = rows.iter().map(|r| serial_ids(&model, r, None)).collect();
+    let per_product = Decoder::new(&model, &stop).with_rows_per_product(3);
+    assert_batches_equal(&per_product, &rows, &want, &[8], "3 rows per product");
+    let per_forward = Decoder::new(&model, &stop).with_rows_per_forward(3);
+    assert_batches_equal(&per_forward, &rows, &want, &[8], "3 rows per forward");
+}
+
 #[test]
 fn a_kv_budget_still_gives_serial_tokens() {
     for form in FORMS {

@@ -1,9 +1,12 @@
 //! A batched decode step (B rows, one token each, each row with its own cache) computes, for
 //! every row, exactly the logits of the B = 1 step: bit for bit on the f32 fixture, with the
-//! matrices packed (4-bit kernel) and dense (BLAS).
+//! matrices packed (4-bit kernel) and dense (BLAS), and with the quantized products cut into
+//! row chunks (`ForwardCtx::product_rows`, what a GPU decode step runs). Also the node counts
+//! of a decode step's graph that those forms promise.
 mod model_support;
 
-use memexec::generate::{argmax_rows, prefill, PREFILL_STEP};
+use memexec::generate::{argmax_rows, decode_step_graph, prefill, PREFILL_STEP};
+use memexec::mlx_ffi::GraphCensus;
 use memexec::model::{ForwardCtx, Model, RowCache, WeightChoice};
 use mlx_rs::Array;
 use model_support::{model_dir, oracle};
@@ -21,16 +24,23 @@ fn logits_rows(a: &Array) -> Vec<Vec<f32>> {
 
 #[test]
 fn batched_decode_equals_serial_bit_for_bit() {
-    batched_decode_equals_serial_in(WeightChoice::Quantized);
+    batched_decode_equals_serial_in(WeightChoice::Quantized, None);
 }
 
 /// The dense BLAS form: the row padding of dense products must make rows batch-independent.
 #[test]
 fn batched_decode_equals_serial_bit_for_bit_dense() {
-    batched_decode_equals_serial_in(WeightChoice::Dense);
+    batched_decode_equals_serial_in(WeightChoice::Dense, None);
 }
 
-fn batched_decode_equals_serial_in(form: WeightChoice) {
+/// Quantized products over chunks of at most 2 rows (the GPU runs chunks of 7): the chunks
+/// must come back in row order, each row with its B = 1 bits.
+#[test]
+fn batched_decode_in_product_row_chunks_equals_serial_bit_for_bit() {
+    batched_decode_equals_serial_in(WeightChoice::Quantized, Some(2));
+}
+
+fn batched_decode_equals_serial_in(form: WeightChoice, product_rows: Option<usize>) {
     let fixture = "tiny-gemma4-q4-f32";
     let model = Model::load_with(&model_dir(fixture), form).expect("load");
     let oracle = oracle(fixture);
@@ -44,6 +54,10 @@ fn batched_decode_equals_serial_in(form: WeightChoice) {
     assert!(
         prompts.iter().any(|p| p.len() > 64),
         "need a row past the window"
+    );
+    assert!(
+        product_rows.is_none_or(|n| prompts.len() + 1 > n),
+        "need more rows than one chunk"
     );
 
     let mut serial: Vec<RowCache> = Vec::new();
@@ -75,8 +89,9 @@ fn batched_decode_equals_serial_in(form: WeightChoice) {
             cache.eval().expect("eval");
         }
         let mut refs: Vec<&mut RowCache> = batched.iter_mut().collect();
+        let chunked = ctx.clone().with_product_rows(product_rows);
         let logits = model
-            .forward(&step_tokens(&last), &mut refs, &ctx)
+            .forward(&step_tokens(&last), &mut refs, &chunked)
             .expect("batched step");
         // The batched pick (all rows at once) must be each row's one-row pick.
         let next = argmax_rows(&model, &logits).expect("argmax");
@@ -123,4 +138,28 @@ fn batch_rejects_multi_token_rows_and_cache_mismatch() {
     let negative = Array::from_slice(&[-1i32], &[1, 1]);
     assert!(model.forward(&negative, &mut [&mut a], &ctx).is_err());
     assert_eq!(a.offset(), 0, "a rejected call leaves the cache untouched");
+}
+
+/// What a decode step's graph holds, per the MLX graph census: one `SliceUpdate` per key /
+/// value write (no reshapes around it), and with `product_rows` each quantized product split
+/// into row chunks (5 rows, at most 2 per product: 3 products where B = 1 has one).
+#[test]
+fn decode_step_graph_has_one_write_per_cache_and_chunked_products() {
+    let model =
+        Model::load_with(&model_dir("tiny-gemma4-q4-f32"), WeightChoice::Quantized).expect("load");
+    let prompt: Vec<u32> = (0..40).map(|t| 2 + (t * 37) % 500).collect();
+    let ctx = ForwardCtx::default();
+    let census = |rows: usize, ctx: &ForwardCtx| {
+        GraphCensus::from_text(&decode_step_graph(&model, &prompt, rows, ctx).expect("graph"))
+    };
+    let one = census(1, &ctx);
+    let five = census(5, &ctx);
+    let chunked = census(5, &ctx.clone().with_product_rows(Some(2)));
+    let caches = model.new_cache().len();
+    assert_eq!(one.count("SliceUpdate"), 2 * caches, "{one:?}");
+    assert_eq!(five.count("SliceUpdate"), 5 * 2 * caches, "{five:?}");
+    let qmm = one.count("QuantizedMatmul");
+    assert!(qmm > 0, "{one:?}");
+    assert_eq!(five.count("QuantizedMatmul"), qmm, "{five:?}");
+    assert_eq!(chunked.count("QuantizedMatmul"), 3 * qmm, "{chunked:?}");
 }

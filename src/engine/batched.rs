@@ -31,7 +31,9 @@ use mlx_rs::Array;
 
 use mlx_rs::transforms::async_eval;
 
-use crate::generate::{greedy, prefill, read_tokens, step_picks, GenerateOptions, PREFILL_STEP};
+use crate::generate::{
+    greedy, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, PREFILL_STEP,
+};
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
 use crate::model::{ForwardCtx, Model, RowCache};
 use crate::{Error, Result};
@@ -198,10 +200,12 @@ pub struct Decoder<'a> {
     registry: Option<Rc<AdapterRegistry>>,
     bytes_per_token: Cell<u64>,
     rows_per_forward: usize,
+    rows_per_product: usize,
+    profile: Cell<DecodeProfile>,
 }
 
-/// Rows per decode forward on a GPU (see [`Decoder::rows_per_forward`]).
-pub const ROWS_PER_FORWARD: usize = 7;
+/// Rows per quantized product of a decode forward on a GPU (see [`Decoder::rows_per_product`]).
+pub const ROWS_PER_PRODUCT: usize = 7;
 
 impl<'a> Decoder<'a> {
     /// A decoder stopping at `stop_ids`, base model only.
@@ -211,17 +215,16 @@ impl<'a> Decoder<'a> {
             stop_ids,
             registry: None,
             bytes_per_token: Cell::new(0),
-            rows_per_forward: rows_per_forward_default(model),
+            rows_per_forward: limit_from_env("MEMEXEC_ROWS_PER_FORWARD").unwrap_or(usize::MAX),
+            rows_per_product: rows_per_product_default(model),
+            profile: Cell::new(DecodeProfile::default()),
         }
     }
 
     /// At most this many rows go through one decode forward; a larger running set is stepped
-    /// as several forwards (all queued before any token is read). Why: a row's logits must
-    /// not depend on how many rows share its forward, and MLX's quantized matmul picks its
-    /// GPU kernel by row count (CUDA: the row-wise `qmv` kernel, the serial path's, while
-    /// rows < 8; a tiled `qmm` kernel, which rounds differently, from 8 rows on; `gather_qmm`
-    /// switches the same way, see scripts/gpu/row_kernels.py). Default [`ROWS_PER_FORWARD`]
-    /// on a GPU, no limit on the CPU; `MEMEXEC_ROWS_PER_FORWARD` overrides it (0 = no limit).
+    /// as several forwards (all queued before any token is read). Default: no limit (one
+    /// forward per step, every weight read once for all rows); `MEMEXEC_ROWS_PER_FORWARD`
+    /// sets it (0 = no limit), to compare against [`Decoder::rows_per_product`].
     pub fn rows_per_forward(&self) -> usize {
         self.rows_per_forward
     }
@@ -232,6 +235,24 @@ impl<'a> Decoder<'a> {
         self
     }
 
+    /// At most this many rows per quantized product in a decode forward (more run as row
+    /// chunks, see [`ForwardCtx::product_rows`]). Why: a row's logits must not depend on how
+    /// many rows share its forward, and MLX's quantized matmul picks its GPU kernel by row
+    /// count (CUDA: the row-wise `qmv` kernel, the serial path's, while rows < 8; a tiled
+    /// `qmm` kernel, which rounds differently, from 8 rows on; `gather_qmm` switches the same
+    /// way, see scripts/gpu/row_kernels.py). Everything else in a forward is row-wise at any
+    /// count, so only the products are cut. Default [`ROWS_PER_PRODUCT`] on a GPU, no limit
+    /// on the CPU; `MEMEXEC_ROWS_PER_PRODUCT` overrides it (0 = no limit).
+    pub fn rows_per_product(&self) -> usize {
+        self.rows_per_product
+    }
+
+    /// Sets [`Decoder::rows_per_product`] (0 = no limit).
+    pub fn with_rows_per_product(mut self, rows: usize) -> Decoder<'a> {
+        self.rows_per_product = if rows == 0 { usize::MAX } else { rows };
+        self
+    }
+
     /// Rows may name adapters of `registry`.
     pub fn with_registry(mut self, registry: Rc<AdapterRegistry>) -> Decoder<'a> {
         self.registry = Some(registry);
@@ -239,6 +260,11 @@ impl<'a> Decoder<'a> {
     }
 
     fn ctx(&self, stacks: Vec<AdapterStack>) -> Result<ForwardCtx> {
+        let product_rows = (self.rows_per_product != usize::MAX).then_some(self.rows_per_product);
+        Ok(self.adapters_ctx(stacks)?.with_product_rows(product_rows))
+    }
+
+    fn adapters_ctx(&self, stacks: Vec<AdapterStack>) -> Result<ForwardCtx> {
         match &self.registry {
             Some(r) => Ok(ForwardCtx::with_adapters(Activation::per_row(
                 r.clone(),
@@ -249,6 +275,12 @@ impl<'a> Decoder<'a> {
                 "a row asks for adapters but no adapter registry is mounted".into(),
             )),
         }
+    }
+
+    /// Host time of the decode steps so far (a step of several forwards counts once; `wait`
+    /// is the time blocked reading a step's tokens).
+    pub fn profile(&self) -> DecodeProfile {
+        self.profile.get()
     }
 
     /// KV bytes per cached position, learned from the rows prefilled so far (0 = not yet).
@@ -306,6 +338,7 @@ impl<'a> Decoder<'a> {
     /// Builds and queues one decode forward over the rows marked in `stepping`, in groups of
     /// at most [`Decoder::rows_per_forward`] rows; returns their picks (lazy, in row order).
     fn queue_step<T>(&self, rows: &mut [Row<T>], stepping: &[bool]) -> Result<Array> {
+        let started = Instant::now();
         let mut members: Vec<&mut Row<T>> = rows
             .iter_mut()
             .zip(stepping)
@@ -345,7 +378,13 @@ impl<'a> Decoder<'a> {
         } else {
             concatenate(&parts, 0)?
         };
+        let built = Instant::now();
         async_eval([&picks])?;
+        let mut p = self.profile.get();
+        p.steps += 1;
+        p.build += built - started;
+        p.queue += built.elapsed();
+        self.profile.set(p);
         Ok(picks)
     }
 
@@ -373,10 +412,16 @@ impl<'a> Decoder<'a> {
             None
         };
         // The previous step's tokens (waits for that step only: this one stays queued).
+        let reading = Instant::now();
         let taken: Vec<Option<u32>> = rows
             .iter()
             .map(|r| r.pending.as_ref().map(Pending::read).transpose())
             .collect::<Result<_>>()?;
+        if taken.iter().any(Option::is_some) {
+            let mut p = self.profile.get();
+            p.wait += reading.elapsed();
+            self.profile.set(p);
+        }
         let took = started.elapsed();
         let mut done = Vec::new();
         let mut keep = Vec::with_capacity(rows.len());
@@ -468,19 +513,23 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// [`ROWS_PER_FORWARD`] on a GPU; no limit on the CPU, whose kernels are row-count
+/// A row limit from the environment: `Some(usize::MAX)` for `0`, `None` when unset or not a
+/// number.
+fn limit_from_env(name: &str) -> Option<usize> {
+    match std::env::var(name).ok()?.trim().parse::<usize>().ok()? {
+        0 => Some(usize::MAX),
+        n => Some(n),
+    }
+}
+
+/// [`ROWS_PER_PRODUCT`] on a GPU; no limit on the CPU, whose kernels are row-count
 /// independent (the packed kernel computes each row alone; dense products are padded to one
-/// GEMM path, see `model::linear::padded_rows`) and where one forward per step is what lets
-/// the rows share each weight read.
-fn rows_per_forward_default(model: &Model) -> usize {
-    match std::env::var("MEMEXEC_ROWS_PER_FORWARD")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        Some(0) => usize::MAX,
+/// GEMM path, see `model::linear::padded_rows`).
+fn rows_per_product_default(model: &Model) -> usize {
+    match limit_from_env("MEMEXEC_ROWS_PER_PRODUCT") {
         Some(n) => n,
         None if model.info().on_cpu => usize::MAX,
-        None => ROWS_PER_FORWARD,
+        None => ROWS_PER_PRODUCT,
     }
 }
 

@@ -1,11 +1,12 @@
 //! Per-sequence key/value caches, mirroring mlx-lm's `KVCache` and `RotatingKVCache`
 //! (`mlx_lm/models/cache.py`) step for step: the same buffer growth, ring layout and masks, so
 //! attention sums over the same keys in the same order as the oracle.
-use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use crate::error::{Error, Result};
+use crate::mlx_ffi::slice_update;
 
 /// Buffers grow by this many positions at a time (mlx-lm's `step`).
 const STEP: i32 = 256;
@@ -48,6 +49,13 @@ fn seq(v: &Array, start: i32, end: i32) -> Result<Array> {
     Ok(v.try_index((.., .., start..end, ..))?)
 }
 
+/// `buf` with `buf[..., start..start + L, :] = new` (`new`: `[B, heads, L, head_dim]`), as one
+/// `SliceUpdate` node (mlx-rs's `try_index_mut` adds two reshapes per write).
+fn write_seq(buf: &Array, new: &Array, start: i32) -> Result<Array> {
+    let [b, h, l, d] = shape4(new, "new keys / values")?;
+    slice_update(buf, new, &[0, 0, start, 0], &[b, h, start + l, d])
+}
+
 /// A growing cache for full-attention layers (mlx-lm `KVCache`).
 #[derive(Default)]
 pub struct KvCache {
@@ -81,8 +89,8 @@ impl KvCache {
             }
         };
         self.offset += s;
-        ck.try_index_mut((.., .., prev..self.offset, ..), keys)?;
-        cv.try_index_mut((.., .., prev..self.offset, ..), values)?;
+        ck = write_seq(&ck, keys, prev)?;
+        cv = write_seq(&cv, values, prev)?;
         let out = if self.offset < ck.dim(2) {
             (seq(&ck, 0, self.offset)?, seq(&cv, 0, self.offset)?)
         } else {
@@ -208,8 +216,8 @@ impl RotatingKvCache {
         if self.idx == self.max_size {
             self.idx = 0;
         }
-        ck.try_index_mut((.., .., self.idx..self.idx + s, ..), keys)?;
-        cv.try_index_mut((.., .., self.idx..self.idx + s, ..), values)?;
+        ck = write_seq(&ck, keys, self.idx)?;
+        cv = write_seq(&cv, values, self.idx)?;
         self.offset += s;
         self.idx += s;
         let out = if self.offset < ck.dim(2) {
@@ -356,5 +364,43 @@ impl RowCache {
     pub fn eval(&self) -> Result<()> {
         mlx_rs::transforms::eval(self.arrays())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mlx_ffi::graph_census;
+
+    /// One new position: the write is one `SliceUpdate` per buffer (no reshapes around it),
+    /// the fetch one `Slice` per buffer, in both cache kinds.
+    #[test]
+    fn a_one_position_update_is_one_write_and_one_slice_per_buffer() {
+        let kv = |pos: i32| {
+            let a = Array::from_slice(&[pos as f32; 2 * 4], &[1, 2, 1, 4]);
+            a.eval().unwrap();
+            a
+        };
+        let mut full = LayerCache::Full(KvCache::default());
+        let mut ring = LayerCache::Rotating(RotatingKvCache::new(8));
+        for cache in [&mut full, &mut ring] {
+            for pos in 0..3 {
+                let (k, v) = cache.update_and_fetch(&kv(pos), &kv(pos)).unwrap();
+                mlx_rs::transforms::eval([&k, &v]).unwrap();
+            }
+            let (k, v) = cache.update_and_fetch(&kv(3), &kv(3)).unwrap();
+            let census = graph_census(&[&k, &v]).unwrap();
+            assert_eq!(census.count("SliceUpdate"), 2, "{census:?}");
+            assert_eq!(census.count("Slice"), 2, "{census:?}");
+            assert_eq!(census.nodes, 4, "{census:?}");
+            let want = Array::from_slice(
+                &[
+                    0f32, 0., 0., 0., 1., 1., 1., 1., 2., 2., 2., 2., 3., 3., 3., 3.,
+                ]
+                .repeat(2),
+                &[1, 2, 4, 4],
+            );
+            assert!(k.eq_values(&want).unwrap());
+        }
     }
 }

@@ -305,7 +305,7 @@ impl Gemma3 {
         let last = self.norm.forward(&last)?;
         let logits = match &self.lm_head {
             Some(head) => head.forward(&last, ctx)?,
-            None => self.embed_tokens.as_linear(&last)?,
+            None => self.embed_tokens.as_linear(&last, ctx)?,
         };
         Ok(logits.reshape(&[b, self.cfg.vocab_size])?)
     }

@@ -568,7 +568,7 @@ impl Gemma4 {
         let last = self.norm.forward(&last)?;
         let mut logits = match &self.lm_head {
             Some(head) => head.forward(&last, ctx)?,
-            None => self.embed_tokens.as_linear(&last)?,
+            None => self.embed_tokens.as_linear(&last, ctx)?,
         };
         if let Some(cap) = self.cfg.final_logit_softcapping {
             logits = softcap(&logits, cap)?;

@@ -27,8 +27,26 @@ pub(super) struct QuantizedMatrix {
 impl QuantizedMatrix {
     /// `x W^T` over the last axis of `x`, through MLX's quantized kernel: the one place a
     /// packed product is built, so a lone layer and a fused group (see
-    /// [`super::linear_group`]) run the very same operation.
-    pub(super) fn matmul(&self, x: &Array) -> Result<Array> {
+    /// [`super::linear_group`]) run the very same operation. A one-position input of more
+    /// rows than [`ForwardCtx::product_rows`] runs as balanced row chunks.
+    pub(super) fn matmul(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
+        let rows = x.dim(0).max(1) as usize;
+        match ctx.product_rows {
+            Some(max) if x.ndim() == 3 && x.dim(1) == 1 && rows > max.max(1) => {
+                let chunks = rows.div_ceil(max.max(1));
+                let bounds: Vec<i32> = (1..chunks).map(|i| (i * rows / chunks) as i32).collect();
+                let parts = x
+                    .split_at_indices(&bounds, 0)?
+                    .iter()
+                    .map(|part| self.product(part))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(concatenate(&parts, 0)?)
+            }
+            _ => self.product(x),
+        }
+    }
+
+    fn product(&self, x: &Array) -> Result<Array> {
         // transpose = true: mlx-rs defaults to false, unlike Python's nn.QuantizedLinear.
         Ok(quantized_matmul(
             x,
@@ -231,13 +249,13 @@ impl Linear {
     /// `x W^T` over the last axis of `x`.
     /// Rows with LoRA adapters on this module get their deltas added (see [`crate::lora`]).
     pub fn forward(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
-        with_adapters(&self.path, x, self.forward_base(x)?, ctx)
+        with_adapters(&self.path, x, self.forward_base(x, ctx)?, ctx)
     }
 
-    fn forward_base(&self, x: &Array) -> Result<Array> {
+    fn forward_base(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
         Ok(match &self.matrix {
             Matrix::Dense { weight } => dense_matmul(x, weight)?,
-            Matrix::Quantized(q) => q.matmul(x)?,
+            Matrix::Quantized(q) => q.matmul(x, ctx)?,
         })
     }
 
@@ -255,8 +273,8 @@ impl Linear {
         })
     }
 
-    fn forward_head(&self, x: &Array) -> Result<Array> {
-        self.forward_base(x)
+    fn forward_head(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
+        self.forward_base(x, ctx)
     }
 }
 
@@ -350,8 +368,9 @@ impl Embedding {
     }
 
     /// The table used as an output head (tied embeddings): `x E^T`.
-    pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        self.table.forward_head(x)
+    /// LoRA adapters never apply to it; `ctx` only bounds its rows per product.
+    pub fn as_linear(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
+        self.table.forward_head(x, ctx)
     }
 
     /// The dtype of the embeddings (the model's activation dtype).

@@ -115,7 +115,7 @@ impl<const N: usize> LinearGroup<N> {
                 split_at,
             } => {
                 // One Split node: N views of the product, no copies.
-                let y = matrix.matmul(x)?.split_at_indices(split_at, -1)?;
+                let y = matrix.matmul(x, ctx)?.split_at_indices(split_at, -1)?;
                 parts
                     .iter()
                     .zip(y)

@@ -39,12 +39,30 @@ pub struct ForwardCtx {
     /// The LoRA adapters of each row, or `None` for the base model on every row (then no
     /// adapter operation runs at all).
     pub adapters: Option<crate::lora::Activation>,
+    /// At most this many rows per quantized product of a one-position forward (`[B, 1, in]`
+    /// inputs); more rows are split into balanced chunks whose products are concatenated.
+    /// Why: MLX picks a quantized product's kernel by row count (CUDA: the row-wise `qmv`, the
+    /// serial path's kernel, under 8 rows; a tiled `qmm` that rounds differently from 8 on),
+    /// and a batched row must get the bits of its serial step. `None`: no limit (the CPU,
+    /// whose kernel computes each row alone at any count).
+    pub product_rows: Option<usize>,
 }
 
 impl ForwardCtx {
     /// A call whose rows run with `adapters` (`None`: the base model).
     pub fn with_adapters(adapters: Option<crate::lora::Activation>) -> ForwardCtx {
-        ForwardCtx { adapters }
+        ForwardCtx {
+            adapters,
+            product_rows: None,
+        }
+    }
+
+    /// This context with [`ForwardCtx::product_rows`] set.
+    pub fn with_product_rows(self, product_rows: Option<usize>) -> ForwardCtx {
+        ForwardCtx {
+            product_rows,
+            ..self
+        }
     }
 }
 

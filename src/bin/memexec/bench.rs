@@ -10,7 +10,7 @@ use memexec::bench::workloads;
 use memexec::config::Config;
 use memexec::engine::scheduler::Limits;
 use memexec::engine::{Decoder, LocalInput, ModelBackend, RowRequest};
-use memexec::generate::{greedy, GenerateOptions};
+use memexec::generate::{greedy, DecodeProfile, GenerateOptions};
 use memexec::{Error, Result};
 use serde_json::{json, Value};
 
@@ -69,6 +69,8 @@ struct Runs {
     prefill: Vec<Duration>,
     ids: Vec<Vec<u32>>,
     peak: u64,
+    /// The last repetition's decode profile.
+    profile: DecodeProfile,
 }
 
 impl Runs {
@@ -87,12 +89,15 @@ struct Measured {
     e2e: Duration,
     prefill: Duration,
     ids: Vec<Vec<u32>>,
+    /// Host time of the decode steps (serial: summed over the prompts).
+    profile: DecodeProfile,
 }
 
 fn run_serial(backend: &ModelBackend, prompts: &[Vec<u32>], max_tokens: usize) -> Result<Measured> {
     let t = Instant::now();
     let mut prefill = Duration::ZERO;
     let mut ids = Vec::new();
+    let mut profile = DecodeProfile::default();
     for p in prompts {
         let opts = GenerateOptions {
             max_tokens,
@@ -102,11 +107,17 @@ fn run_serial(backend: &ModelBackend, prompts: &[Vec<u32>], max_tokens: usize) -
         let g = greedy(backend.model(), p, opts)?;
         prefill += g.prefill_time;
         ids.push(g.ids);
+        let p = g.decode_profile;
+        profile.steps += p.steps;
+        profile.build += p.build;
+        profile.queue += p.queue;
+        profile.wait += p.wait;
     }
     Ok(Measured {
         e2e: t.elapsed(),
         prefill,
         ids,
+        profile,
     })
 }
 
@@ -137,7 +148,12 @@ fn run_batched(
         prefill += o.prefill_time;
         ids.push(o.ids);
     }
-    Ok(Measured { e2e, prefill, ids })
+    Ok(Measured {
+        e2e,
+        prefill,
+        ids,
+        profile: decoder.profile(),
+    })
 }
 
 /// `None` = serial; `Some(w)` = batched at width w.
@@ -155,6 +171,15 @@ fn measure(
     };
     let peak = mlx_rs::memory::peak_memory().map_or(0, |b| b as u64);
     Ok((m, peak))
+}
+
+/// Host time per decode step (a batched step over several forwards counts once).
+fn profile_json(p: &DecodeProfile) -> Value {
+    let per_step = |d: Duration| ms(d) / p.steps.max(1) as f64;
+    json!({
+        "steps": p.steps, "build": per_step(p.build), "queue": per_step(p.queue),
+        "wait": per_step(p.wait),
+    })
 }
 
 fn ms(d: Duration) -> f64 {
@@ -316,6 +341,7 @@ pub fn run(args: Args) -> Result<()> {
                 r.e2e.push(m.e2e);
                 r.prefill.push(m.prefill);
                 r.ids = m.ids;
+                r.profile = m.profile;
                 r.peak = r.peak.max(peak);
             }
         }
@@ -342,6 +368,7 @@ pub fn run(args: Args) -> Result<()> {
                 "generated_tokens": generated, "speed_vs_serial": serial_ms / ms(e2e),
                 "identical_to_serial": identical, "rows": r.ids.len(),
                 "peak_memory_bytes": r.peak, "ids": r.ids,
+                "decode_profile_ms_per_step": profile_json(&r.profile),
             });
             table.push(row.clone());
             rows_json.push(row);
@@ -409,6 +436,8 @@ pub fn run(args: Args) -> Result<()> {
     let decoder_facts = json!({
         "rows_per_forward": (probe.rows_per_forward() != usize::MAX)
             .then_some(probe.rows_per_forward()),
+        "rows_per_product": (probe.rows_per_product() != usize::MAX)
+            .then_some(probe.rows_per_product()),
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
     });
     if let Some(path) = &args.json_out {

@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod generate;
+mod graph;
 mod prompt;
 mod run;
 mod smoke;
@@ -23,6 +24,8 @@ enum Command {
     Run(run::Args),
     /// Greedy generation from a model directory.
     Generate(generate::Args),
+    /// Count the graph nodes of one decode step, by MLX primitive (the GPU's host cost).
+    Graph(graph::Args),
     /// BENCH.md: serial vs batched vs mlx-lm on the three workloads.
     Bench(bench::Args),
     /// Show the prompt text and ids a stage call gives the model.
@@ -39,6 +42,7 @@ fn main() -> std::process::ExitCode {
         Command::Smoke(args) => smoke::run(args),
         Command::Run(args) => run::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Graph(args) => graph::run(args),
         Command::Prompt(args) => prompt::run(args),
         Command::Bench(args) => bench::run(args),
     };

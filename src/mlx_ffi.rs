@@ -1,0 +1,224 @@
+//! Direct MLX-C calls for what mlx-rs's safe API lacks or builds with extra graph nodes.
+//!
+//! On a GPU a decode step is bound by MLX's host work per graph node (see README, "Decode is
+//! host-bound"), so a node that computes nothing still costs time:
+//! - [`slice_update`]: mlx-rs's `try_index_mut` strips the update's leading singleton
+//!   dimensions and reshapes it back (two `Reshape` nodes before every `SliceUpdate`); a KV
+//!   cache write needs only the `SliceUpdate`.
+//! - [`graph_census`]: MLX's `print_graph`, tallied by primitive, to count a step's nodes
+//!   without timing anything (the device's timings drift up to 2x between runs).
+//!
+//! Besides the C API ([`crate::capi`]) this is the only module with `unsafe`: each block calls
+//! one MLX-C function on handles owned by live `mlx_rs::Array`s and says why that is sound.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::Once;
+
+use mlx_rs::error::Exception;
+use mlx_rs::{Array, StreamOrDevice};
+
+use crate::error::{Error, Result};
+
+static ERROR_HANDLER: Once = Once::new();
+
+/// mlx-rs installs its MLX-C error handler (which records errors instead of letting MLX-C's
+/// default handler exit the process) on its first checked operation; make sure that has run
+/// before calling MLX-C directly.
+fn ensure_error_handler() {
+    ERROR_HANDLER.call_once(|| {
+        let _ = mlx_rs::ops::zeros::<f32>(&[1]);
+    });
+}
+
+/// `src` with `src[start[0]..stop[0], start[1]..stop[1], ...] = update` (unit strides): one
+/// `SliceUpdate` graph node. `update` must have exactly the slice's shape.
+pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+    let shape = src.shape();
+    let expected: Vec<i32> = start.iter().zip(stop).map(|(a, b)| b - a).collect();
+    let in_bounds = start.len() == shape.len()
+        && stop.len() == shape.len()
+        && start
+            .iter()
+            .zip(stop)
+            .zip(shape)
+            .all(|((&a, &b), &n)| 0 <= a && a <= b && b <= n);
+    if !in_bounds || update.shape() != expected.as_slice() {
+        return Err(Error::InvalidArgument(format!(
+            "slice_update: update {:?} does not fill {start:?}..{stop:?} of {shape:?}",
+            update.shape()
+        )));
+    }
+    ensure_error_handler();
+    let strides = vec![1i32; shape.len()];
+    let stream = StreamOrDevice::default();
+    // SAFETY: `mlx_array_new` makes an empty handle that `mlx_slice_update` overwrites; `src`
+    // and `update` are live arrays borrowed for the call; the three index slices outlive it and
+    // their lengths (`src`'s rank, checked above) are passed with them; for a rank-0 `src` the
+    // lengths are 0 and the (dangling, non-null) pointers are not read.
+    let (status, res) = unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_slice_update(
+            &mut res,
+            src.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            stream.as_ref().as_ptr(),
+        );
+        (status, res)
+    };
+    // SAFETY: `res` is a handle we own (new or filled in by the call), released exactly once:
+    // by the returned `Array`'s `Drop`, or here on failure.
+    unsafe {
+        if status == 0 {
+            Ok(Array::from_ptr(res))
+        } else {
+            mlx_sys::mlx_array_free(res);
+            Err(Exception::custom(format!(
+                "slice_update of {shape:?} at {start:?}..{stop:?} failed"
+            ))
+            .into())
+        }
+    }
+}
+
+/// The graph nodes (arrays with a primitive, not yet evaluated) behind some outputs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GraphCensus {
+    /// All nodes.
+    pub nodes: usize,
+    /// Nodes by MLX primitive name (`QuantizedMatmul`, `SliceUpdate`, `Reshape`, ...).
+    pub by_primitive: BTreeMap<String, usize>,
+}
+
+impl GraphCensus {
+    /// Nodes of primitive `name`.
+    pub fn count(&self, name: &str) -> usize {
+        self.by_primitive.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// Counts the unevaluated graph behind `outputs` (nothing is evaluated).
+pub fn graph_census(outputs: &[&Array]) -> Result<GraphCensus> {
+    Ok(GraphCensus::from_text(&print_graph(outputs)?))
+}
+
+impl GraphCensus {
+    /// Tallies the text of [`print_graph`]: one line per node between the `Inputs:` and
+    /// `Outputs:` lines, the primitive's name first.
+    pub fn from_text(text: &str) -> GraphCensus {
+        let mut census = GraphCensus::default();
+        for line in text.lines() {
+            if line.starts_with("Inputs:") || line.starts_with("Outputs:") || line.is_empty() {
+                continue;
+            }
+            let name = line
+                .split(|c: char| c.is_whitespace() || c == '(' || c == '{')
+                .next()
+                .unwrap_or_default();
+            census.nodes += 1;
+            *census.by_primitive.entry(name.to_string()).or_default() += 1;
+        }
+        census
+    }
+}
+
+/// MLX's `print_graph` of `outputs` (nothing is evaluated): an `Inputs:` line, one line per
+/// node in execution order (`Primitive inputs -> outputs`), an `Outputs:` line. Written
+/// through a temporary file: MLX-C writes to a `FILE*`.
+pub fn print_graph(outputs: &[&Array]) -> Result<String> {
+    ensure_error_handler();
+    let file = tempfile_path();
+    let path = CString::new(file.to_string_lossy().as_bytes())
+        .map_err(|_| Error::InvalidArgument("temporary path has a NUL byte".into()))?;
+    let handles: Vec<mlx_sys::mlx_array> = outputs.iter().map(|a| a.as_ptr()).collect();
+    // SAFETY: `fopen` gets a NUL-terminated path and mode; the stream is checked for NULL and
+    // closed exactly once below. The vector handle is made from `handles` (copies of live
+    // arrays' handles: MLX-C's vector takes its own references) and freed once after use; the
+    // namer is a fresh one, freed once. `libc::FILE` and MLX-C's `FILE` are the same C type.
+    let status = unsafe {
+        let fp = libc::fopen(path.as_ptr(), c"w".as_ptr());
+        if fp.is_null() {
+            return Err(Error::InvalidArgument(format!(
+                "cannot open {} for the graph",
+                file.display()
+            )));
+        }
+        let vec = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+        let namer = mlx_sys::mlx_node_namer_new();
+        let status = mlx_sys::mlx_print_graph(fp.cast(), namer, vec);
+        mlx_sys::mlx_node_namer_free(namer);
+        mlx_sys::mlx_vector_array_free(vec);
+        libc::fclose(fp);
+        status
+    };
+    let text = std::fs::read_to_string(&file);
+    let _ = std::fs::remove_file(&file);
+    if status != 0 {
+        return Err(Exception::custom("MLX print_graph failed").into());
+    }
+    text.map_err(|source| Error::Io { path: file, source })
+}
+
+fn tempfile_path() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("memexec-graph-{}-{n}.txt", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_update_is_one_node_and_writes_the_slice() {
+        let src = mlx_rs::ops::zeros::<f32>(&[1, 2, 4, 3]).unwrap();
+        src.eval().unwrap();
+        let upd = Array::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[1, 2, 1, 3]);
+        upd.eval().unwrap();
+        let out = slice_update(&src, &upd, &[0, 0, 2, 0], &[1, 2, 3, 3]).unwrap();
+        let census = graph_census(&[&out]).unwrap();
+        assert_eq!(census.nodes, 1, "{census:?}");
+        assert_eq!(census.count("SliceUpdate"), 1, "{census:?}");
+        let v = out.as_slice::<f32>().to_vec();
+        let mut want = vec![0f32; 24];
+        want[6..9].copy_from_slice(&[1., 2., 3.]);
+        want[18..21].copy_from_slice(&[4., 5., 6.]);
+        assert_eq!(v, want);
+    }
+
+    #[test]
+    fn slice_update_rejects_a_mismatched_update() {
+        let src = mlx_rs::ops::zeros::<f32>(&[1, 2, 4, 3]).unwrap();
+        let upd = mlx_rs::ops::zeros::<f32>(&[1, 2, 2, 3]).unwrap();
+        assert!(slice_update(&src, &upd, &[0, 0, 2, 0], &[1, 2, 3, 3]).is_err());
+        assert!(slice_update(&src, &upd, &[0, 0, 3, 0], &[1, 2, 5, 3]).is_err());
+    }
+
+    #[test]
+    fn census_counts_each_pending_node() {
+        let a = Array::from_slice(&[1f32, 2.], &[2]);
+        a.eval().unwrap();
+        let b = a
+            .multiply(&a)
+            .unwrap()
+            .add(&a)
+            .unwrap()
+            .reshape(&[1, 2])
+            .unwrap();
+        let census = graph_census(&[&b]).unwrap();
+        assert_eq!(census.nodes, 3, "{census:?}");
+        assert_eq!(census.count("Multiply"), 1, "{census:?}");
+        assert_eq!(census.count("Add"), 1, "{census:?}");
+        assert_eq!(census.count("Reshape"), 1, "{census:?}");
+        b.eval().unwrap();
+        assert_eq!(graph_census(&[&b]).unwrap().nodes, 0);
+    }
+}
