@@ -24,23 +24,24 @@ fn logits_rows(a: &Array) -> Vec<Vec<f32>> {
 
 #[test]
 fn batched_decode_equals_serial_bit_for_bit() {
-    batched_decode_equals_serial_in(WeightChoice::Quantized, None);
+    batched_decode_equals_serial_in(WeightChoice::Quantized, None, true);
 }
 
 /// The dense BLAS form: the row padding of dense products must make rows batch-independent.
 #[test]
 fn batched_decode_equals_serial_bit_for_bit_dense() {
-    batched_decode_equals_serial_in(WeightChoice::Dense, None);
+    batched_decode_equals_serial_in(WeightChoice::Dense, None, true);
 }
 
-/// Quantized products over chunks of at most 2 rows (the GPU runs chunks of 7): the chunks
-/// must come back in row order, each row with its B = 1 bits.
+/// The GPU's form: quantized products over chunks of at most 2 rows (the GPU runs chunks of
+/// 7), which must come back in row order, and attention one row at a time.
 #[test]
 fn batched_decode_in_product_row_chunks_equals_serial_bit_for_bit() {
-    batched_decode_equals_serial_in(WeightChoice::Quantized, Some(2));
+    batched_decode_equals_serial_in(WeightChoice::Quantized, Some(2), false);
 }
 
-fn batched_decode_equals_serial_in(form: WeightChoice, product_rows: Option<usize>) {
+/// `stacked`: rows holding as many keys attend in one op (the CPU's form).
+fn batched_decode_equals_serial_in(form: WeightChoice, product_rows: Option<usize>, stacked: bool) {
     let fixture = "tiny-gemma4-q4-f32";
     let model = Model::load_with(&model_dir(fixture), form).expect("load");
     let oracle = oracle(fixture);
@@ -55,6 +56,12 @@ fn batched_decode_equals_serial_in(form: WeightChoice, product_rows: Option<usiz
         prompts.iter().any(|p| p.len() > 64),
         "need a row past the window"
     );
+    // Rows of equal length but other ids: they attend together in every layer (stacked), so
+    // a row mix-up there changes their logits.
+    let mut prompts = prompts;
+    for (n, p) in prompts.clone().iter().enumerate().take(2) {
+        prompts.push(p.iter().map(|&t| 2 + (t * 7 + n as u32) % 4000).collect());
+    }
     assert!(
         product_rows.is_none_or(|n| prompts.len() + 1 > n),
         "need more rows than one chunk"
@@ -89,7 +96,10 @@ fn batched_decode_equals_serial_in(form: WeightChoice, product_rows: Option<usiz
             cache.eval().expect("eval");
         }
         let mut refs: Vec<&mut RowCache> = batched.iter_mut().collect();
-        let chunked = ctx.clone().with_product_rows(product_rows);
+        let chunked = ctx
+            .clone()
+            .with_product_rows(product_rows)
+            .with_stacked_attention(stacked);
         let logits = model
             .forward(&step_tokens(&last), &mut refs, &chunked)
             .expect("batched step");
@@ -141,19 +151,30 @@ fn batch_rejects_multi_token_rows_and_cache_mismatch() {
 }
 
 /// What a decode step's graph holds, per the MLX graph census: one `SliceUpdate` per key /
-/// value write (no reshapes around it), and with `product_rows` each quantized product split
-/// into row chunks (5 rows, at most 2 per product: 3 products where B = 1 has one).
+/// value write (no reshapes around it), with stacked attention one attention for rows holding
+/// as many keys, else one per row (on the CPU MLX decomposes attention, one `Softmax` each),
+/// and with `product_rows` each quantized
+/// product split into row chunks (5 rows, at most 2 per product: 3 where B = 1 has one).
 #[test]
 fn decode_step_graph_has_one_write_per_cache_and_chunked_products() {
     let model =
         Model::load_with(&model_dir("tiny-gemma4-q4-f32"), WeightChoice::Quantized).expect("load");
     let prompt: Vec<u32> = (0..40).map(|t| 2 + (t * 37) % 500).collect();
-    let ctx = ForwardCtx::default();
+    let ctx = ForwardCtx::default().with_stacked_attention(true);
     let census = |rows: usize, ctx: &ForwardCtx| {
         GraphCensus::from_text(&decode_step_graph(&model, &prompt, rows, ctx).expect("graph"))
     };
     let one = census(1, &ctx);
     let five = census(5, &ctx);
+    let per_row = census(5, &ForwardCtx::default());
+    // Five rows at the same position attend in one op per layer, as one row does.
+    assert_eq!(five.count("Softmax"), one.count("Softmax"), "{five:?}");
+    assert!(one.count("Softmax") > 0, "{one:?}");
+    assert_eq!(
+        per_row.count("Softmax"),
+        5 * one.count("Softmax"),
+        "{per_row:?}"
+    );
     let chunked = census(5, &ctx.clone().with_product_rows(Some(2)));
     let caches = model.new_cache().len();
     assert_eq!(one.count("SliceUpdate"), 2 * caches, "{one:?}");

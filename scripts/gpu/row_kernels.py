@@ -8,7 +8,9 @@ For each e4b-shaped quantized product (bf16 activations, 4-bit, group 64):
     `quantized_matmul`;
 and, for B rows at different positions:
   - RoPE with an array of per-row offsets vs one RoPE per row (default and proportional);
-  - `x - logsumexp(x, -1)` and argmax over B rows at once vs one row at a time (vocab 262144).
+  - `x - logsumexp(x, -1)` and argmax over B rows at once vs one row at a time (vocab 262144);
+  - one SDPA over B stacked rows that have the same number of keys vs one SDPA per row
+    (reported only).
 
 Prints a table and writes JSON (--out). Exit status 1 when a row-exactness fact memexec relies
 on (gather, RoPE, logsumexp/argmax) does not hold; the plain `quantized_matmul` row is only
@@ -132,6 +134,34 @@ def main():
         out["argmax"].append({"width": bw, "equal": ok})
     print("logsumexp/argmax over rows == one row at a time:",
           all(r["equal"] for r in out["argmax"]), flush=True)
+
+    # Reported only: rows with the SAME number of keys (a full sliding-window ring, or equal
+    # offsets) in one SDPA over the stacked rows, no mask, vs one SDPA per row. memexec stacks
+    # them only where this holds (MEMEXEC_STACKED_ATTENTION; default on the CPU only): on MLX
+    # CUDA 0.32.2 it does not (f32 never, bf16 not at 37 keys; session 6).
+    out["stacked_sdpa"] = []
+    for sdt in (mx.bfloat16, mx.float32):
+        for head_dim in (256, 512):
+            for n_keys in (37, 512, 1000):
+                for bw in WIDTHS:
+                    qs = mx.random.normal((bw, 8, 1, head_dim)).astype(sdt)
+                    ks = mx.random.normal((bw, 2, n_keys + 3, head_dim)).astype(sdt)
+                    vs = mx.random.normal((bw, 2, n_keys + 3, head_dim)).astype(sdt)
+                    mx.eval(qs, ks, vs)
+                    # Each row's keys as the cache hands them over: a slice of its buffer.
+                    kr = [ks[r:r + 1, :, :n_keys] for r in range(bw)]
+                    vr = [vs[r:r + 1, :, :n_keys] for r in range(bw)]
+                    alone = mx.concatenate([mx.fast.scaled_dot_product_attention(
+                        qs[r:r + 1], kr[r], vr[r], scale=1.0) for r in range(bw)])
+                    together = mx.fast.scaled_dot_product_attention(
+                        qs, mx.concatenate(kr), mx.concatenate(vr), scale=1.0)
+                    ok = same(alone, together)
+                    out["stacked_sdpa"].append({"dtype": str(sdt), "head_dim": head_dim,
+                                                "keys": n_keys, "width": bw, "equal": ok})
+    print("SDPA over stacked equal-length rows == per-row SDPA (reported only):",
+          all(r["equal"] for r in out["stacked_sdpa"]),
+          [(r["dtype"], r["head_dim"], r["keys"], r["width"]) for r in out["stacked_sdpa"]
+           if not r["equal"]], flush=True)
 
     # Reported only (memexec does not rely on it): one SDPA over all rows, keys padded to the
     # longest row and masked, vs one SDPA per row over its own keys. Exact would let a

@@ -201,6 +201,7 @@ pub struct Decoder<'a> {
     bytes_per_token: Cell<u64>,
     rows_per_forward: usize,
     rows_per_product: usize,
+    stacked_attention: bool,
     profile: Cell<DecodeProfile>,
 }
 
@@ -217,6 +218,7 @@ impl<'a> Decoder<'a> {
             bytes_per_token: Cell::new(0),
             rows_per_forward: limit_from_env("MEMEXEC_ROWS_PER_FORWARD").unwrap_or(usize::MAX),
             rows_per_product: rows_per_product_default(model),
+            stacked_attention: stacked_attention_default(model),
             profile: Cell::new(DecodeProfile::default()),
         }
     }
@@ -253,6 +255,29 @@ impl<'a> Decoder<'a> {
         self
     }
 
+    /// Whether rows holding the same number of keys attend in one op (see
+    /// [`ForwardCtx::stacked_attention`]). Default: on the CPU only, where it is exact;
+    /// `MEMEXEC_STACKED_ATTENTION=1` / `0` overrides it (e.g. to try a Metal GPU: the start-up
+    /// self-check and `memexec bench`'s identical-to-serial column tell whether it is exact).
+    pub fn stacked_attention(&self) -> bool {
+        self.stacked_attention
+    }
+
+    /// Sets [`Decoder::stacked_attention`].
+    pub fn with_stacked_attention(mut self, on: bool) -> Decoder<'a> {
+        self.stacked_attention = on;
+        self
+    }
+
+    /// The context of a decode forward over rows without adapters (this decoder's row limit
+    /// per product and attention form): what `memexec graph` counts.
+    pub fn base_ctx(&self) -> ForwardCtx {
+        let product_rows = (self.rows_per_product != usize::MAX).then_some(self.rows_per_product);
+        ForwardCtx::default()
+            .with_product_rows(product_rows)
+            .with_stacked_attention(self.stacked_attention)
+    }
+
     /// Rows may name adapters of `registry`.
     pub fn with_registry(mut self, registry: Rc<AdapterRegistry>) -> Decoder<'a> {
         self.registry = Some(registry);
@@ -261,7 +286,10 @@ impl<'a> Decoder<'a> {
 
     fn ctx(&self, stacks: Vec<AdapterStack>) -> Result<ForwardCtx> {
         let product_rows = (self.rows_per_product != usize::MAX).then_some(self.rows_per_product);
-        Ok(self.adapters_ctx(stacks)?.with_product_rows(product_rows))
+        Ok(self
+            .adapters_ctx(stacks)?
+            .with_product_rows(product_rows)
+            .with_stacked_attention(self.stacked_attention))
     }
 
     fn adapters_ctx(&self, stacks: Vec<AdapterStack>) -> Result<ForwardCtx> {
@@ -530,6 +558,19 @@ fn rows_per_product_default(model: &Model) -> usize {
         Some(n) => n,
         None if model.info().on_cpu => usize::MAX,
         None => ROWS_PER_PRODUCT,
+    }
+}
+
+/// On the CPU unless `MEMEXEC_STACKED_ATTENTION` says otherwise (`1` / `0`).
+fn stacked_attention_default(model: &Model) -> bool {
+    match std::env::var("MEMEXEC_STACKED_ATTENTION")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        Some("1") => true,
+        Some("0") => false,
+        _ => model.info().on_cpu,
     }
 }
 

@@ -2,8 +2,10 @@
 //! per-row SDPA.
 //!
 //! A batch of B rows runs projections and RoPE on the stacked activations, but attention runs
-//! per row over that row's own unpadded keys / values, so each row computes exactly what B = 1
-//! does.
+//! over each row's own unpadded keys / values, so each row computes exactly what B = 1 does.
+//! Where the backend's attention is batch-invariant (the CPU), rows that hold the same number
+//! of keys (every row past a sliding window holds exactly the window) attend in one op over
+//! their stacked keys instead of one op per row (see [`attend_rows`]).
 use std::sync::OnceLock;
 
 use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
@@ -157,4 +159,123 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
         )?,
         Mask::Array(m) => scaled_dot_product_attention(q, k, v, scale, m, None)?,
     })
+}
+
+/// The keys / values each row of a forward attended over (`[1, kv_heads, S_r, head_dim]`),
+/// plus the stacks [`attend_rows`] built from them, kept for the layers that share these keys
+/// (Gemma-4's KV-shared layers): they attend over the same stacks without rebuilding them.
+pub struct RowKv {
+    rows: Vec<(Array, Array)>,
+    stacks: Vec<(Vec<usize>, Array, Array)>,
+}
+
+impl RowKv {
+    /// Each row's keys and values, in row order.
+    pub fn new(rows: Vec<(Array, Array)>) -> RowKv {
+        RowKv {
+            rows,
+            stacks: Vec::new(),
+        }
+    }
+
+    /// Row `r`'s keys and values.
+    pub fn row(&self, r: usize) -> Option<&(Array, Array)> {
+        self.rows.get(r)
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// True when there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The keys and values of `members` (ascending rows) stacked along the batch axis.
+    fn stacked(&mut self, members: &[usize]) -> Result<(Array, Array)> {
+        if let [r] = members {
+            return self.rows.get(*r).cloned().ok_or_else(|| missing_row(*r));
+        }
+        if let Some((_, k, v)) = self.stacks.iter().find(|(m, _, _)| m == members) {
+            return Ok((k.clone(), v.clone()));
+        }
+        let mut keys = Vec::with_capacity(members.len());
+        let mut values = Vec::with_capacity(members.len());
+        for &r in members {
+            let (k, v) = self.rows.get(r).ok_or_else(|| missing_row(r))?;
+            keys.push(k.clone());
+            values.push(v.clone());
+        }
+        let (k, v) = (concatenate(&keys, 0)?, concatenate(&values, 0)?);
+        self.stacks.push((members.to_vec(), k.clone(), v.clone()));
+        Ok((k, v))
+    }
+}
+
+fn missing_row(r: usize) -> Error {
+    Error::Internal(format!("attention: no keys for row {r}"))
+}
+
+/// Attention of every row of a forward: `q` `[B, heads, L, head_dim]`, row `r` over
+/// `kv`'s row `r` with `masks[r]`; returns `[B, heads, L, head_dim]`.
+///
+/// With `stack`, rows with one query and no mask that hold the same number of keys run as
+/// ONE attention op over their stacked queries / keys / values; that gives each row the bits
+/// of its one-row op only where the backend's attention is batch-invariant (see
+/// [`super::ForwardCtx::stacked_attention`]). Other rows, and every row without `stack`,
+/// attend alone.
+pub fn attend_rows(
+    q: &Array,
+    kv: &mut RowKv,
+    masks: &[&Mask],
+    scale: f32,
+    stack: bool,
+) -> Result<Array> {
+    let b = kv.len();
+    if q.dim(0) as usize != b || masks.len() != b || b == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "attention: {} query rows, {b} key rows, {} masks",
+            q.dim(0),
+            masks.len()
+        )));
+    }
+    let stackable = stack && q.dim(2) == 1 && b > 1;
+    // Groups of rows in order of their first row; stackable rows grouped by key count.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut by_keys: Vec<(i32, usize)> = Vec::new();
+    for (r, mask) in masks.iter().enumerate() {
+        let keys = kv.row(r).map_or(0, |(k, _)| k.dim(2));
+        match by_keys.iter().find(|(n, _)| *n == keys) {
+            Some(&(_, g)) if stackable && matches!(mask, Mask::None) => groups[g].push(r),
+            _ => {
+                if stackable && matches!(mask, Mask::None) {
+                    by_keys.push((keys, groups.len()));
+                }
+                groups.push(vec![r]);
+            }
+        }
+    }
+    if let [all] = groups.as_slice() {
+        // One group holding every row, in order (or B = 1): the whole batch in one op.
+        let (k, v) = kv.stacked(all)?;
+        return sdpa(q, &k, &v, scale, masks[0]);
+    }
+    let q_rows = split_rows(q, b)?;
+    let mut outs: Vec<Option<Array>> = vec![None; b];
+    for group in &groups {
+        let (k, v) = kv.stacked(group)?;
+        if let [r] = group.as_slice() {
+            outs[*r] = Some(sdpa(&q_rows[*r], &k, &v, scale, masks[*r])?);
+            continue;
+        }
+        let qg: Vec<Array> = group.iter().map(|&r| q_rows[r].clone()).collect();
+        let o = sdpa(&concatenate(&qg, 0)?, &k, &v, scale, &Mask::None)?;
+        for (o, &r) in split_rows(&o, group.len())?.into_iter().zip(group) {
+            outs[r] = Some(o);
+        }
+    }
+    let outs: Option<Vec<Array>> = outs.into_iter().collect();
+    stack_rows(outs.ok_or_else(|| Error::Internal("attention: a row got no output".into()))?)
 }

@@ -4,7 +4,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{clip_residual, gelu_approx};
-use super::attention::{merge_heads, sdpa, split_heads, split_rows, stack_rows, RowOffsets};
+use super::attention::{attend_rows, merge_heads, split_heads, split_rows, RowKv, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
 use super::linear::{Embedding, Linear, LinearShape};
@@ -269,23 +269,28 @@ impl Gemma3 {
             let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
             let q = offsets.rotate(&a.rope, &q)?;
             let k = offsets.rotate(&a.rope, &k)?;
-            let mut outs = Vec::with_capacity(caches.len());
-            let rows = split_rows(&q, caches.len())?
+            let rows = split_rows(&k, caches.len())?
                 .into_iter()
-                .zip(split_rows(&k, caches.len())?)
                 .zip(split_rows(&v, caches.len())?);
-            for (cache, ((qr, kr), vr)) in caches.iter_mut().zip(rows) {
-                let r = outs.len();
+            let mut fetched = Vec::with_capacity(caches.len());
+            for (cache, (kr, vr)) in caches.iter_mut().zip(rows) {
                 let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                let (keys, values) = lc.update_and_fetch(&kr, &vr)?;
-                let mask = &masks[r][if layer.layer_type == LayerType::Full {
-                    0
-                } else {
-                    1
-                }];
-                outs.push(sdpa(&qr, &keys, &values, self.scale, mask)?);
+                fetched.push(lc.update_and_fetch(&kr, &vr)?);
             }
-            let o = merge_heads(&stack_rows(outs)?)?;
+            let slot = if layer.layer_type == LayerType::Full {
+                0
+            } else {
+                1
+            };
+            let row_masks: Vec<&Mask> = masks.iter().map(|m| &m[slot]).collect();
+            let o = attend_rows(
+                &q,
+                &mut RowKv::new(fetched),
+                &row_masks,
+                self.scale,
+                ctx.stacked_attention,
+            )?;
+            let o = merge_heads(&o)?;
             let r = a.o_proj.forward(&o, ctx)?;
             h = clip_residual(&h, &layer.post_attention_layernorm.forward(&r)?)?;
             let x = layer.pre_feedforward_layernorm.forward(&h)?;

@@ -1,10 +1,11 @@
 //! The Gemma-4 text model (mlx-lm `gemma4_text.py`): per-layer inputs, KV sharing,
 //! proportional RoPE on full layers, weightless `v_norm`, `layer_scalar`, final softcap.
+use mlx_rs::ops::broadcast_to;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{geglu, gelu_approx, scalar, softcap};
-use super::attention::{merge_heads, sdpa, split_heads, split_rows, stack_rows, RowOffsets};
+use super::attention::{attend_rows, merge_heads, split_heads, split_rows, RowKv, RowOffsets};
 use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::linear::{Embedding, Linear, LinearShape};
@@ -316,7 +317,10 @@ impl Gemma4 {
                     eps,
                 )?,
                 per_layer,
-                layer_scalar: w.take_float(&format!("{lp}.layer_scalar"), &[1])?,
+                layer_scalar: one_position_scalar(
+                    w.take_float(&format!("{lp}.layer_scalar"), &[1])?,
+                    d,
+                )?,
                 kv_source,
             });
         }
@@ -457,8 +461,9 @@ impl Gemma4 {
             LayerType::Sliding => 1,
         };
 
-        // Per layer, per row: the keys / values attention saw and the RoPE offset used.
-        let mut kvs: Vec<Vec<(Array, Array, i32)>> = Vec::with_capacity(self.layers.len());
+        // Per layer that owns keys / values: what each row attended over (with the stacks
+        // built for it) and each row's RoPE offset, for the layers sharing them.
+        let mut kvs: Vec<Option<(RowKv, Vec<i32>)>> = Vec::with_capacity(self.layers.len());
         let mut row_offsets: Option<RowOffsets> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
@@ -486,56 +491,57 @@ impl Gemma4 {
                     .collect::<Result<_>>()?,
                 None => kvs
                     .get(layer.kv_source)
-                    .map(|rows| rows.iter().map(|kv| kv.2).collect())
+                    .and_then(Option::as_ref)
+                    .map(|(_, offsets)| offsets.clone())
                     .ok_or_else(|| cache_err(layer.kv_source))?,
             };
             let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
             let q = offsets.rotate(&a.rope, &q)?;
-            let new_kv = match new_kv {
-                Some((k, v)) => Some((offsets.rotate(&a.rope, &k)?, v)),
-                None => None,
-            };
-            let mut outs = Vec::with_capacity(caches.len());
-            let mut row_kvs = Vec::with_capacity(caches.len());
-            let q_rows = split_rows(&q, caches.len())?;
-            let mut new_rows = match &new_kv {
-                Some((k, v)) => Some(
-                    split_rows(k, caches.len())?
+            let row_masks: Vec<&Mask> = masks
+                .iter()
+                .map(|m| &m[mask_slot(layer.layer_type)])
+                .collect();
+            let o = match new_kv {
+                Some((k, v)) => {
+                    let k = offsets.rotate(&a.rope, &k)?;
+                    let rows = split_rows(&k, caches.len())?
                         .into_iter()
-                        .zip(split_rows(v, caches.len())?),
-                ),
-                None => None,
-            };
-            for ((r, cache), qr) in caches.iter_mut().enumerate().zip(q_rows) {
-                let offset = offsets.of(r);
-                let (keys, values) = match new_rows.as_mut() {
-                    Some(rows) => {
-                        let (kr, vr) = rows.next().ok_or_else(|| cache_err(i))?;
+                        .zip(split_rows(&v, caches.len())?);
+                    let mut fetched = Vec::with_capacity(caches.len());
+                    for (cache, (kr, vr)) in caches.iter_mut().zip(rows) {
                         let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                        lc.update_and_fetch(&kr, &vr)?
+                        fetched.push(lc.update_and_fetch(&kr, &vr)?);
                     }
-                    None => kvs
-                        .get(layer.kv_source)
-                        .and_then(|rows| rows.get(r))
-                        .map(|kv| (kv.0.clone(), kv.1.clone()))
-                        .ok_or_else(|| cache_err(layer.kv_source))?,
-                };
-                outs.push(sdpa(
-                    &qr,
-                    &keys,
-                    &values,
-                    1.0,
-                    &masks[r][mask_slot(layer.layer_type)],
-                )?);
-                if let Some(t) = trace.as_mut() {
-                    t.record(format!("k.{i}"), &keys);
-                    t.record(format!("v.{i}"), &values);
+                    let used: Vec<i32> = (0..caches.len()).map(|r| offsets.of(r)).collect();
+                    let mut row_kv = RowKv::new(fetched);
+                    let o = attend_rows(&q, &mut row_kv, &row_masks, 1.0, ctx.stacked_attention)?;
+                    kvs.push(Some((row_kv, used)));
+                    o
                 }
-                row_kvs.push((keys, values, offset));
-            }
-            kvs.push(row_kvs);
-            let o = stack_rows(outs)?;
+                None => {
+                    let (row_kv, _) = kvs
+                        .get_mut(layer.kv_source)
+                        .and_then(Option::as_mut)
+                        .ok_or_else(|| cache_err(layer.kv_source))?;
+                    let o = attend_rows(&q, row_kv, &row_masks, 1.0, ctx.stacked_attention)?;
+                    kvs.push(None);
+                    o
+                }
+            };
             if let Some(t) = trace.as_mut() {
+                let src = if kvs.get(i).is_some_and(Option::is_some) {
+                    i
+                } else {
+                    layer.kv_source
+                };
+                if let Some(Some((row_kv, _))) = kvs.get(src) {
+                    for r in 0..row_kv.len() {
+                        if let Some((keys, values)) = row_kv.row(r) {
+                            t.record(format!("k.{i}"), keys);
+                            t.record(format!("v.{i}"), values);
+                        }
+                    }
+                }
                 t.record(format!("q.{i}"), &q);
                 t.record(format!("o.{i}"), &o);
             }
@@ -579,6 +585,15 @@ impl Gemma4 {
         }
         Ok(logits.reshape(&[b, self.cfg.vocab_size])?)
     }
+}
+
+/// A `[1]` scalar as an evaluated `[1, 1, dim]` view: multiplying a one-position activation
+/// by it needs no broadcast node (MLX adds one per product of unequal shapes), and the values
+/// are the scalar's, so the product's bits are unchanged.
+fn one_position_scalar(s: Array, dim: i32) -> Result<Array> {
+    let s = broadcast_to(&s, &[1, 1, dim])?;
+    s.eval()?;
+    Ok(s)
 }
 
 fn cache_err(layer: usize) -> Error {

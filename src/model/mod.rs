@@ -46,6 +46,12 @@ pub struct ForwardCtx {
     /// and a batched row must get the bits of its serial step. `None`: no limit (the CPU,
     /// whose kernel computes each row alone at any count).
     pub product_rows: Option<usize>,
+    /// Rows of a one-position forward that hold the same number of keys attend in one op
+    /// over their stacked keys (see [`attention::attend_rows`]) instead of one op per row.
+    /// Exact only where the backend's attention treats batch entries independently: true on
+    /// the CPU (checked by the batch tests), NOT on MLX CUDA (its batched matmuls change
+    /// their rounding with the batch count: scripts/gpu/row_kernels.py), unverified on Metal.
+    pub stacked_attention: bool,
 }
 
 impl ForwardCtx {
@@ -54,6 +60,15 @@ impl ForwardCtx {
         ForwardCtx {
             adapters,
             product_rows: None,
+            stacked_attention: false,
+        }
+    }
+
+    /// This context with [`ForwardCtx::stacked_attention`] set.
+    pub fn with_stacked_attention(self, stacked_attention: bool) -> ForwardCtx {
+        ForwardCtx {
+            stacked_attention,
+            ..self
         }
     }
 

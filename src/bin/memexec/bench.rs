@@ -438,6 +438,7 @@ pub fn run(args: Args) -> Result<()> {
             .then_some(probe.rows_per_forward()),
         "rows_per_product": (probe.rows_per_product() != usize::MAX)
             .then_some(probe.rows_per_product()),
+        "stacked_attention": probe.stacked_attention(),
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
     });
     if let Some(path) = &args.json_out {

@@ -3,9 +3,10 @@
 //! drifting timings) is what node-cutting changes are measured by.
 use std::path::PathBuf;
 
+use memexec::engine::Decoder;
 use memexec::generate::decode_step_graph;
 use memexec::mlx_ffi::GraphCensus;
-use memexec::model::{ForwardCtx, Model};
+use memexec::model::Model;
 
 /// Arguments of `memexec graph`.
 #[derive(clap::Args)]
@@ -37,7 +38,8 @@ pub fn run(args: Args) -> memexec::Result<()> {
     let prompt: Vec<u32> = (0..args.prompt_len.max(1) as u64)
         .map(|i| (16 + (i * 7919) % span) as u32)
         .collect();
-    let ctx = ForwardCtx::default();
+    // The batched decoder's forward form on this device (row chunks, attention form).
+    let ctx = Decoder::new(&model, &[]).base_ctx();
     let mut results = Vec::new();
     for &rows in &args.rows {
         let text = decode_step_graph(&model, &prompt, rows, &ctx)?;
