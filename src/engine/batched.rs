@@ -284,21 +284,15 @@ impl<'a> Decoder<'a> {
         self
     }
 
+    /// [`Decoder::base_ctx`] with each row's adapters.
     fn ctx(&self, stacks: Vec<AdapterStack>) -> Result<ForwardCtx> {
-        let product_rows = (self.rows_per_product != usize::MAX).then_some(self.rows_per_product);
-        Ok(self
-            .adapters_ctx(stacks)?
-            .with_product_rows(product_rows)
-            .with_stacked_attention(self.stacked_attention))
-    }
-
-    fn adapters_ctx(&self, stacks: Vec<AdapterStack>) -> Result<ForwardCtx> {
+        let base = self.base_ctx();
         match &self.registry {
-            Some(r) => Ok(ForwardCtx::with_adapters(Activation::per_row(
-                r.clone(),
-                stacks,
-            )?)),
-            None if stacks.iter().all(AdapterStack::is_empty) => Ok(ForwardCtx::default()),
+            Some(r) => Ok(ForwardCtx {
+                adapters: Activation::per_row(r.clone(), stacks)?,
+                ..base
+            }),
+            None if stacks.iter().all(AdapterStack::is_empty) => Ok(base),
             None => Err(Error::InvalidArgument(
                 "a row asks for adapters but no adapter registry is mounted".into(),
             )),
