@@ -13,7 +13,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
-use super::cache::Mask;
+use super::cache::{missing_layer, Mask, RowCache};
 use super::rope::Rope;
 use crate::error::{Error, Result};
 
@@ -176,6 +176,25 @@ impl RowKv {
             rows,
             stacks: Vec::new(),
         }
+    }
+
+    /// Writes row `r`'s new keys / values (`[B, kv_heads, L, head_dim]` `k`, `v`) into its
+    /// cache slot `layer` and keeps what each row then attends over.
+    pub fn update(
+        caches: &mut [&mut RowCache],
+        layer: usize,
+        k: &Array,
+        v: &Array,
+    ) -> Result<RowKv> {
+        let rows = split_rows(k, caches.len())?
+            .into_iter()
+            .zip(split_rows(v, caches.len())?);
+        let mut fetched = Vec::with_capacity(caches.len());
+        for (cache, (kr, vr)) in caches.iter_mut().zip(rows) {
+            let lc = cache.layer_mut(layer).ok_or_else(|| missing_layer(layer))?;
+            fetched.push(lc.update_and_fetch(&kr, &vr)?);
+        }
+        Ok(RowKv::new(fetched))
     }
 
     /// Row `r`'s keys and values.

@@ -306,6 +306,13 @@ impl LayerCache {
     }
 }
 
+/// The error for a row cache without an entry for `layer` (made by another model).
+pub fn missing_layer(layer: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "row cache has no entry for layer {layer}: was it made by this model?"
+    ))
+}
+
 /// All layers' caches of ONE sequence. Memory grows with the positions actually cached
 /// (in 256-position steps), and sliding layers never hold more than their window (+ the
 /// length of the last multi-token update).

@@ -4,8 +4,8 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{clip_residual, gelu_approx};
-use super::attention::{attend_rows, merge_heads, split_heads, split_rows, RowKv, RowOffsets};
-use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
+use super::attention::{attend_rows, merge_heads, split_heads, RowKv, RowOffsets};
+use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
 use super::linear::{Embedding, Linear, LinearShape};
 use super::linear_group::LinearGroup;
@@ -13,7 +13,7 @@ use super::norm::GemmaRmsNorm;
 use super::rope::Rope;
 use super::weights::Weights;
 use super::ForwardCtx;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 struct Attention {
     /// `q_proj`, `k_proj`, `v_proj` (one quantized product when fused).
@@ -240,7 +240,9 @@ impl Gemma3 {
                 None => Mask::Causal,
             };
             let sliding = if pattern > 1 {
-                c.layer(0).ok_or_else(|| cache_err(0))?.make_mask(l, window)
+                c.layer(0)
+                    .ok_or_else(|| missing_layer(0))?
+                    .make_mask(l, window)
             } else {
                 Mask::None
             };
@@ -264,19 +266,15 @@ impl Gemma3 {
             let k = a.k_norm.forward(&k)?;
             let offsets: Vec<i32> = caches
                 .iter()
-                .map(|c| c.layer(i).map(|lc| lc.offset()).ok_or_else(|| cache_err(i)))
+                .map(|c| {
+                    c.layer(i)
+                        .map(|lc| lc.offset())
+                        .ok_or_else(|| missing_layer(i))
+                })
                 .collect::<Result<_>>()?;
             let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
             let q = offsets.rotate(&a.rope, &q)?;
             let k = offsets.rotate(&a.rope, &k)?;
-            let rows = split_rows(&k, caches.len())?
-                .into_iter()
-                .zip(split_rows(&v, caches.len())?);
-            let mut fetched = Vec::with_capacity(caches.len());
-            for (cache, (kr, vr)) in caches.iter_mut().zip(rows) {
-                let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                fetched.push(lc.update_and_fetch(&kr, &vr)?);
-            }
             let slot = if layer.layer_type == LayerType::Full {
                 0
             } else {
@@ -285,7 +283,7 @@ impl Gemma3 {
             let row_masks: Vec<&Mask> = masks.iter().map(|m| &m[slot]).collect();
             let o = attend_rows(
                 &q,
-                &mut RowKv::new(fetched),
+                &mut RowKv::update(caches, i, &k, &v)?,
                 &row_masks,
                 self.scale,
                 ctx.stacked_attention,
@@ -319,10 +317,4 @@ impl Gemma3 {
 /// A `(path, output features)` pair as [`LinearGroup::load`] takes it.
 fn as_part((path, out_dim): &(String, i32)) -> (&str, i32) {
     (path, *out_dim)
-}
-
-fn cache_err(layer: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "row cache has no entry for layer {layer}: was it made by this model?"
-    ))
 }

@@ -5,8 +5,8 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{geglu, gelu_approx, scalar, softcap};
-use super::attention::{attend_rows, merge_heads, split_heads, split_rows, RowKv, RowOffsets};
-use super::cache::{KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
+use super::attention::{attend_rows, merge_heads, split_heads, RowKv, RowOffsets};
+use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::linear::{Embedding, Linear, LinearShape};
 use super::linear_group::LinearGroup;
@@ -15,7 +15,7 @@ use super::rope::Rope;
 use super::trace::Trace;
 use super::weights::Weights;
 use super::ForwardCtx;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The input projections of an attention block.
 enum QkvProjections {
@@ -450,7 +450,7 @@ impl Gemma4 {
                 if let Some(i) = first_of(t) {
                     m[slot] = match c.layer(i) {
                         Some(lc) => lc.make_mask(l, window),
-                        None => return Err(cache_err(i)),
+                        None => return Err(missing_layer(i)),
                     };
                 }
             }
@@ -487,13 +487,17 @@ impl Gemma4 {
             let offsets: Vec<i32> = match &new_kv {
                 Some(_) => caches
                     .iter()
-                    .map(|c| c.layer(i).map(|lc| lc.offset()).ok_or_else(|| cache_err(i)))
+                    .map(|c| {
+                        c.layer(i)
+                            .map(|lc| lc.offset())
+                            .ok_or_else(|| missing_layer(i))
+                    })
                     .collect::<Result<_>>()?,
                 None => kvs
                     .get(layer.kv_source)
                     .and_then(Option::as_ref)
                     .map(|(_, offsets)| offsets.clone())
-                    .ok_or_else(|| cache_err(layer.kv_source))?,
+                    .ok_or_else(|| missing_layer(layer.kv_source))?,
             };
             let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
             let q = offsets.rotate(&a.rope, &q)?;
@@ -504,16 +508,8 @@ impl Gemma4 {
             let o = match new_kv {
                 Some((k, v)) => {
                     let k = offsets.rotate(&a.rope, &k)?;
-                    let rows = split_rows(&k, caches.len())?
-                        .into_iter()
-                        .zip(split_rows(&v, caches.len())?);
-                    let mut fetched = Vec::with_capacity(caches.len());
-                    for (cache, (kr, vr)) in caches.iter_mut().zip(rows) {
-                        let lc = cache.layer_mut(i).ok_or_else(|| cache_err(i))?;
-                        fetched.push(lc.update_and_fetch(&kr, &vr)?);
-                    }
                     let used: Vec<i32> = (0..caches.len()).map(|r| offsets.of(r)).collect();
-                    let mut row_kv = RowKv::new(fetched);
+                    let mut row_kv = RowKv::update(caches, i, &k, &v)?;
                     let o = attend_rows(&q, &mut row_kv, &row_masks, 1.0, ctx.stacked_attention)?;
                     kvs.push(Some((row_kv, used)));
                     o
@@ -522,19 +518,15 @@ impl Gemma4 {
                     let (row_kv, _) = kvs
                         .get_mut(layer.kv_source)
                         .and_then(Option::as_mut)
-                        .ok_or_else(|| cache_err(layer.kv_source))?;
+                        .ok_or_else(|| missing_layer(layer.kv_source))?;
                     let o = attend_rows(&q, row_kv, &row_masks, 1.0, ctx.stacked_attention)?;
                     kvs.push(None);
                     o
                 }
             };
             if let Some(t) = trace.as_mut() {
-                let src = if kvs.get(i).is_some_and(Option::is_some) {
-                    i
-                } else {
-                    layer.kv_source
-                };
-                if let Some(Some((row_kv, _))) = kvs.get(src) {
+                // What this layer attended over: its own keys (`kv_source == i`) or shared ones.
+                if let Some(Some((row_kv, _))) = kvs.get(layer.kv_source) {
                     for r in 0..row_kv.len() {
                         if let Some((keys, values)) = row_kv.row(r) {
                             t.record(format!("k.{i}"), keys);
@@ -594,10 +586,4 @@ fn one_position_scalar(s: Array, dim: i32) -> Result<Array> {
     let s = broadcast_to(&s, &[1, 1, dim])?;
     s.eval()?;
     Ok(s)
-}
-
-fn cache_err(layer: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "row cache has no entry for layer {layer}: was it made by this model?"
-    ))
 }
