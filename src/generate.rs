@@ -81,6 +81,15 @@ pub struct DecodeProfile {
     pub wait: Duration,
 }
 
+impl std::ops::AddAssign for DecodeProfile {
+    fn add_assign(&mut self, other: DecodeProfile) {
+        self.steps += other.steps;
+        self.build += other.build;
+        self.queue += other.queue;
+        self.wait += other.wait;
+    }
+}
+
 fn ids_array(ids: &[u32], shape: &[i32]) -> Result<Array> {
     let v: Vec<i32> = ids
         .iter()

@@ -305,6 +305,12 @@ impl<'a> Decoder<'a> {
         self.profile.get()
     }
 
+    fn add_profile(&self, more: DecodeProfile) {
+        let mut p = self.profile.get();
+        p += more;
+        self.profile.set(p);
+    }
+
     /// KV bytes per cached position, learned from the rows prefilled so far (0 = not yet).
     pub fn bytes_per_token(&self) -> u64 {
         self.bytes_per_token.get()
@@ -402,11 +408,12 @@ impl<'a> Decoder<'a> {
         };
         let built = Instant::now();
         async_eval([&picks])?;
-        let mut p = self.profile.get();
-        p.steps += 1;
-        p.build += built - started;
-        p.queue += built.elapsed();
-        self.profile.set(p);
+        self.add_profile(DecodeProfile {
+            steps: 1,
+            build: built - started,
+            queue: built.elapsed(),
+            wait: Duration::ZERO,
+        });
         Ok(picks)
     }
 
@@ -440,9 +447,10 @@ impl<'a> Decoder<'a> {
             .map(|r| r.pending.as_ref().map(Pending::read).transpose())
             .collect::<Result<_>>()?;
         if taken.iter().any(Option::is_some) {
-            let mut p = self.profile.get();
-            p.wait += reading.elapsed();
-            self.profile.set(p);
+            self.add_profile(DecodeProfile {
+                wait: reading.elapsed(),
+                ..DecodeProfile::default()
+            });
         }
         let took = started.elapsed();
         let mut done = Vec::new();

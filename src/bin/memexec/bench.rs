@@ -107,11 +107,7 @@ fn run_serial(backend: &ModelBackend, prompts: &[Vec<u32>], max_tokens: usize) -
         let g = greedy(backend.model(), p, opts)?;
         prefill += g.prefill_time;
         ids.push(g.ids);
-        let p = g.decode_profile;
-        profile.steps += p.steps;
-        profile.build += p.build;
-        profile.queue += p.queue;
-        profile.wait += p.wait;
+        profile += g.decode_profile;
     }
     Ok(Measured {
         e2e: t.elapsed(),
