@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::model::WeightChoice;
+use crate::model::{DecodeAttention, WeightChoice};
 use crate::{Error, Result};
 
 /// The environment variable the TypeScript pipeline already uses for the batch width.
@@ -42,6 +42,11 @@ pub struct Config {
     /// (see [`crate::model::weight_form`]).
     #[serde(default)]
     pub weights: WeightChoice,
+    /// How decode steps attend: "mlx" (MLX's op, mlx-lm's numeric path) or "kernel" (one
+    /// CUDA kernel node for all rows, MLX CUDA only; see
+    /// [`crate::model::decode_attention`]); absent = `$MEMEXEC_DECODE_ATTENTION`, else "mlx".
+    #[serde(default)]
+    pub decode_attention: Option<DecodeAttention>,
     /// Limits on what a caller may ask for.
     #[serde(default)]
     pub limits: Limits,
@@ -142,6 +147,7 @@ impl Config {
             batch_width: default_batch_width(),
             device: DeviceChoice::Default,
             weights: WeightChoice::Auto,
+            decode_attention: None,
             limits: Limits::default(),
         }
     }
@@ -228,6 +234,21 @@ mod tests {
         assert_eq!(c.weights, WeightChoice::Dense);
         assert_eq!(c.limits.max_kv_bytes, Some(1 << 20));
         assert!(Config::from_json(r#"{"model_dir": "/m", "weights": "int3"}"#).is_err());
+    }
+
+    #[test]
+    fn decode_attention_parses() {
+        let c = |doc: &str| Config::from_json(doc).map(|c| c.decode_attention);
+        assert_eq!(c(r#"{"model_dir": "/m"}"#).unwrap(), None);
+        assert_eq!(
+            c(r#"{"model_dir": "/m", "decode_attention": "kernel"}"#).unwrap(),
+            Some(DecodeAttention::Kernel)
+        );
+        assert_eq!(
+            c(r#"{"model_dir": "/m", "decode_attention": "mlx"}"#).unwrap(),
+            Some(DecodeAttention::Mlx)
+        );
+        assert!(c(r#"{"model_dir": "/m", "decode_attention": "fast"}"#).is_err());
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! - [`slice_update`]: mlx-rs's `try_index_mut` strips the update's leading singleton
 //!   dimensions and reshapes it back (two `Reshape` nodes before every `SliceUpdate`); a KV
 //!   cache write needs only the `SliceUpdate`.
+//! - [`CudaKernel`]: MLX's custom CUDA kernels (`fast::cuda_kernel`), which mlx-rs does not
+//!   wrap; memexec's one-node decode attention on MLX CUDA
+//!   ([`crate::model::decode_attention`]) is one.
 //! - [`graph_census`]: MLX's `print_graph`, tallied by primitive, to count a step's nodes
 //!   without timing anything (the device's timings drift up to 2x between runs).
 //!
@@ -17,7 +20,7 @@ use std::ffi::CString;
 use std::sync::Once;
 
 use mlx_rs::error::Exception;
-use mlx_rs::{Array, StreamOrDevice};
+use mlx_rs::{Array, Dtype, StreamOrDevice};
 
 use crate::error::{Error, Result};
 
@@ -85,6 +88,186 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
             ))
             .into())
         }
+    }
+}
+
+/// A template constant of a [`CudaKernel`]: `constexpr int` / `constexpr bool` / `using`.
+#[derive(Debug, Clone, Copy)]
+pub enum TemplateArg {
+    /// `constexpr int NAME = value;`
+    Int(i32),
+    /// `constexpr bool NAME = value;`
+    Bool(bool),
+    /// `using NAME = <the CUDA type of the dtype>;`
+    Dtype(Dtype),
+}
+
+/// A custom CUDA kernel (MLX's `fast::cuda_kernel`): `source` is the kernel's body, MLX
+/// writes its signature (inputs as `const T* name`, plus `name_shape` / `name_strides` where
+/// the body uses them; outputs as `T* name`) and compiles it with NVRTC at its first
+/// evaluation (cached per name and template constants). Only MLX CUDA builds can evaluate
+/// it; elsewhere the evaluation fails. Inputs are passed as they are (views keep their
+/// strides): the body must honour `name_strides`.
+pub struct CudaKernel {
+    raw: mlx_sys::mlx_fast_cuda_kernel,
+    name: String,
+}
+
+impl CudaKernel {
+    /// A kernel named `name` with these input and output names and body.
+    pub fn new(name: &str, inputs: &[&str], outputs: &[&str], source: &str) -> Result<CudaKernel> {
+        ensure_error_handler();
+        let c = |s: &str| {
+            CString::new(s)
+                .map_err(|_| Error::InvalidArgument(format!("cuda kernel `{name}`: NUL in {s:?}")))
+        };
+        let (c_name, c_source, c_header) = (c(name)?, c(source)?, c("")?);
+        let c_inputs = inputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
+        let c_outputs = outputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
+        // SAFETY: every pointer handed to MLX-C is a NUL-terminated string alive for the
+        // call (MLX-C copies them into `std::string`s); the two string vectors are new
+        // handles, filled, used once and freed exactly once.
+        let raw = unsafe {
+            let in_names = mlx_sys::mlx_vector_string_new();
+            for s in &c_inputs {
+                mlx_sys::mlx_vector_string_append_value(in_names, s.as_ptr());
+            }
+            let out_names = mlx_sys::mlx_vector_string_new();
+            for s in &c_outputs {
+                mlx_sys::mlx_vector_string_append_value(out_names, s.as_ptr());
+            }
+            let raw = mlx_sys::mlx_fast_cuda_kernel_new(
+                c_name.as_ptr(),
+                in_names,
+                out_names,
+                c_source.as_ptr(),
+                c_header.as_ptr(),
+                false,
+                0,
+            );
+            mlx_sys::mlx_vector_string_free(in_names);
+            mlx_sys::mlx_vector_string_free(out_names);
+            raw
+        };
+        if raw.ctx.is_null() {
+            return Err(
+                Exception::custom(format!("MLX could not make cuda kernel `{name}`")).into(),
+            );
+        }
+        Ok(CudaKernel {
+            raw,
+            name: name.to_string(),
+        })
+    }
+
+    /// The kernel over `inputs` (in the order of the input names), making one output per
+    /// `(shape, dtype)`; `grid` counts THREADS per axis (MLX divides by `threadgroup`).
+    pub fn apply(
+        &self,
+        inputs: &[&Array],
+        outputs: &[(&[i32], Dtype)],
+        grid: [i32; 3],
+        threadgroup: [i32; 3],
+        template: &[(&str, TemplateArg)],
+    ) -> Result<Vec<Array>> {
+        let names = template
+            .iter()
+            .map(|(n, _)| {
+                CString::new(*n).map_err(|_| {
+                    Error::InvalidArgument(format!("cuda kernel `{}`: NUL in {n:?}", self.name))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
+        let stream = StreamOrDevice::default();
+        // SAFETY: the config is a new handle freed exactly once below; shapes and template
+        // names are live for the calls that read them (MLX-C copies them); the input vector is
+        // made from handles of live arrays (MLX-C takes its own references) and freed once;
+        // `outs` is a new vector that the apply call fills, read with `mlx_vector_array_get`
+        // into new array handles that the returned `Array`s own (freed once by their `Drop`),
+        // and freed once itself. `Dtype` is `repr(u32)` with MLX-C's `mlx_dtype` values.
+        unsafe {
+            let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+            for (shape, dtype) in outputs {
+                mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+                    config,
+                    shape.as_ptr(),
+                    shape.len(),
+                    *dtype as mlx_sys::mlx_dtype,
+                );
+            }
+            mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, grid[0], grid[1], grid[2]);
+            mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(
+                config,
+                threadgroup[0],
+                threadgroup[1],
+                threadgroup[2],
+            );
+            for (name, (_, arg)) in names.iter().zip(template) {
+                match *arg {
+                    TemplateArg::Int(v) => {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(
+                            config,
+                            name.as_ptr(),
+                            v,
+                        )
+                    }
+                    TemplateArg::Bool(v) => {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(
+                            config,
+                            name.as_ptr(),
+                            v,
+                        )
+                    }
+                    TemplateArg::Dtype(d) => {
+                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
+                            config,
+                            name.as_ptr(),
+                            d as mlx_sys::mlx_dtype,
+                        )
+                    }
+                };
+            }
+            let ins = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+            let mut outs = mlx_sys::mlx_vector_array_new();
+            let status = mlx_sys::mlx_fast_cuda_kernel_apply(
+                &mut outs,
+                self.raw,
+                ins,
+                config,
+                stream.as_ref().as_ptr(),
+            );
+            mlx_sys::mlx_vector_array_free(ins);
+            mlx_sys::mlx_fast_cuda_kernel_config_free(config);
+            let mut result = Vec::with_capacity(outputs.len());
+            if status == 0 {
+                for i in 0..mlx_sys::mlx_vector_array_size(outs) {
+                    let mut a = mlx_sys::mlx_array_new();
+                    if mlx_sys::mlx_vector_array_get(&mut a, outs, i) != 0 {
+                        mlx_sys::mlx_array_free(a);
+                        break;
+                    }
+                    result.push(Array::from_ptr(a));
+                }
+            }
+            mlx_sys::mlx_vector_array_free(outs);
+            if status != 0 || result.len() != outputs.len() {
+                return Err(Exception::custom(format!(
+                    "cuda kernel `{}` could not be applied",
+                    self.name
+                ))
+                .into());
+            }
+            Ok(result)
+        }
+    }
+}
+
+impl Drop for CudaKernel {
+    fn drop(&mut self) {
+        // SAFETY: `raw` was made by `mlx_fast_cuda_kernel_new` (non-null, checked) and is
+        // freed only here, once.
+        unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.raw) }
     }
 }
 

@@ -213,3 +213,31 @@ fn a_stage_runs_with_exactly_its_adapter() {
         base.call("route", input, opts).unwrap().ids
     );
 }
+
+/// `decode_attention: "kernel"` where MLX has no CUDA (this CPU build): the model loads with
+/// MLX's op instead (the kernel's load-time self-check fails) and answers as the default does.
+#[test]
+fn kernel_decode_attention_falls_back_where_mlx_has_no_cuda() {
+    let dir = fixture();
+    let mut config = Config::for_model(&dir);
+    config.decode_attention = Some(memexec::model::DecodeAttention::Kernel);
+    let backend = ModelBackend::load(&config).unwrap();
+    assert_eq!(
+        backend.model().info().decode_attention,
+        memexec::model::DecodeAttention::Mlx
+    );
+    let stop_ids = backend.stop_ids().to_vec();
+    drop(backend);
+    let want = serial_texts(&dir, &stop_ids);
+    let engine = Engine::new(config).unwrap();
+    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
+        let opts = CallOptions {
+            max_tokens: Some(max_tokens),
+        };
+        assert_eq!(
+            &engine.call(stage, input, opts).unwrap().text,
+            want,
+            "{stage}"
+        );
+    }
+}

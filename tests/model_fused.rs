@@ -35,6 +35,7 @@ fn load(dir: &Path, fuse: bool) -> Model {
     let opts = LoadOptions {
         weights: WeightChoice::Quantized,
         fuse_projections: fuse,
+        ..LoadOptions::new(WeightChoice::Quantized)
     };
     Model::load_opts(dir, opts).expect("load")
 }

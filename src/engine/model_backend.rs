@@ -11,7 +11,7 @@ use super::request::{Completion, Job, StopReason};
 use crate::config::{Config, DeviceChoice};
 use crate::generate::{greedy_until, GenerateOptions, StopReason as GenStop, PREFILL_STEP};
 use crate::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
-use crate::model::Model;
+use crate::model::{LoadOptions, Model};
 use crate::prompt::Prompter;
 use crate::{Error, Result};
 
@@ -75,7 +75,11 @@ impl ModelBackend {
     /// Loads model, tokenizer, template and stage registry of `config`.
     pub fn load(config: &Config) -> Result<ModelBackend> {
         select_device(config.device)?;
-        let model = Model::load_with(&config.model_dir, config.weights)?;
+        let mut opts = LoadOptions::new(config.weights);
+        if let Some(d) = config.decode_attention {
+            opts.decode_attention = d;
+        }
+        let model = Model::load_opts(&config.model_dir, opts)?;
         let adapters = mount_adapters(config, &model)?;
         let mut stage_adapters = BTreeMap::new();
         for (stage, spec) in &config.stages {

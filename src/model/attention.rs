@@ -14,6 +14,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use super::cache::{missing_layer, Mask, RowCache};
+use super::decode_attention::{self, DecodeAttention};
 use super::rope::Rope;
 use crate::error::{Error, Result};
 
@@ -161,6 +162,33 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
     })
 }
 
+/// How [`attend_rows`] runs the attention of a forward's rows.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionForm {
+    /// Stack rows that hold the same number of keys (see [`attend_rows`]).
+    pub stack: bool,
+    /// How a one-position row without a mask attends (the model's choice, made at load).
+    pub decode: DecodeAttention,
+}
+
+/// One row's attention: the decode kernel where `decode` asks for it and the row is a
+/// maskless one-position query of the kernel's shapes, else MLX's op.
+fn attend_one(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: &Mask,
+    decode: DecodeAttention,
+) -> Result<Array> {
+    if decode == DecodeAttention::Kernel && matches!(mask, Mask::None) {
+        if let Some(o) = decode_attention::attend(q, k, v, scale)? {
+            return Ok(o);
+        }
+    }
+    sdpa(q, k, v, scale, mask)
+}
+
 /// The keys / values each row of a forward attended over (`[1, kv_heads, S_r, head_dim]`),
 /// plus the stacks [`attend_rows`] built from them, kept for the layers that share these keys
 /// (Gemma-4's KV-shared layers): they attend over the same stacks without rebuilding them.
@@ -240,17 +268,18 @@ fn missing_row(r: usize) -> Error {
 /// Attention of every row of a forward: `q` `[B, heads, L, head_dim]`, row `r` over
 /// `kv`'s row `r` with `masks[r]`; returns `[B, heads, L, head_dim]`.
 ///
-/// With `stack`, rows with one query and no mask that hold the same number of keys run as
-/// ONE attention op over their stacked queries / keys / values; that gives each row the bits
-/// of its one-row op only where the backend's attention is batch-invariant (see
-/// [`super::ForwardCtx::stacked_attention`]). Other rows, and every row without `stack`,
-/// attend alone.
+/// With `form.stack` (and MLX's op for decode rows), rows with one query and no mask that hold
+/// the same number of keys run as ONE attention op over their stacked queries / keys / values;
+/// that gives each row the bits of its one-row op only where the backend's attention is
+/// batch-invariant (see [`super::ForwardCtx::stacked_attention`]). With the decode kernel
+/// (`form.decode`, [`decode_attention`]) one-position rows without masks attend in one kernel
+/// node for the whole batch, each row computed alone. Other rows attend alone.
 pub fn attend_rows(
     q: &Array,
     kv: &mut RowKv,
     masks: &[&Mask],
     scale: f32,
-    stack: bool,
+    form: AttentionForm,
 ) -> Result<Array> {
     let b = kv.len();
     if q.dim(0) as usize != b || masks.len() != b || b == 0 {
@@ -260,7 +289,20 @@ pub fn attend_rows(
             masks.len()
         )));
     }
-    let stackable = stack && q.dim(2) == 1 && b > 1;
+    if form.decode == DecodeAttention::Kernel
+        && q.dim(2) == 1
+        && masks.iter().all(|m| matches!(m, Mask::None))
+    {
+        // Every row in one kernel node when all suit it; else row by row below (a row that
+        // suits the kernel still gets it there: the same bits either way).
+        let rows: Option<Vec<(&Array, &Array)>> =
+            (0..b).map(|r| kv.row(r).map(|(k, v)| (k, v))).collect();
+        let rows = rows.ok_or_else(|| missing_row(0))?;
+        if let Some(o) = decode_attention::attend_rows(q, &rows, scale)? {
+            return Ok(o);
+        }
+    }
+    let stackable = form.stack && form.decode == DecodeAttention::Mlx && q.dim(2) == 1 && b > 1;
     // Groups of rows in order of their first row; stackable rows grouped by key count.
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut by_keys: Vec<(i32, usize)> = Vec::new();
@@ -279,14 +321,21 @@ pub fn attend_rows(
     if let [all] = groups.as_slice() {
         // One group holding every row, in order (or B = 1): the whole batch in one op.
         let (k, v) = kv.stacked(all)?;
-        return sdpa(q, &k, &v, scale, masks[0]);
+        return attend_one(q, &k, &v, scale, masks[0], form.decode);
     }
     let q_rows = split_rows(q, b)?;
     let mut outs: Vec<Option<Array>> = vec![None; b];
     for group in &groups {
         let (k, v) = kv.stacked(group)?;
         if let [r] = group.as_slice() {
-            outs[*r] = Some(sdpa(&q_rows[*r], &k, &v, scale, masks[*r])?);
+            outs[*r] = Some(attend_one(
+                &q_rows[*r],
+                &k,
+                &v,
+                scale,
+                masks[*r],
+                form.decode,
+            )?);
             continue;
         }
         let qg: Vec<Array> = group.iter().map(|&r| q_rows[r].clone()).collect();

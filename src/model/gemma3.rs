@@ -4,9 +4,10 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{clip_residual, gelu_approx};
-use super::attention::{attend_rows, merge_heads, split_heads, RowKv, RowOffsets};
+use super::attention::{attend_rows, merge_heads, split_heads, AttentionForm, RowKv, RowOffsets};
 use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
+use super::decode_attention::DecodeAttention;
 use super::linear::{Embedding, Linear, LinearShape};
 use super::linear_group::LinearGroup;
 use super::norm::GemmaRmsNorm;
@@ -215,12 +216,14 @@ impl Gemma3 {
         RowCache::new(layers)
     }
 
-    /// Last-position logits `[B, vocab]` (model dtype) of `tokens` `[B, L]`.
+    /// Last-position logits `[B, vocab]` (model dtype) of `tokens` `[B, L]`; decode rows
+    /// attend as `decode` says.
     pub fn forward(
         &self,
         tokens: &Array,
         caches: &mut [&mut RowCache],
         ctx: &ForwardCtx,
+        decode: DecodeAttention,
     ) -> Result<Array> {
         let (b, l) = (tokens.dim(0), tokens.dim(1));
         let dt = self.dtype;
@@ -286,7 +289,10 @@ impl Gemma3 {
                 &mut RowKv::update(caches, i, &k, &v)?,
                 &row_masks,
                 self.scale,
-                ctx.stacked_attention,
+                AttentionForm {
+                    stack: ctx.stacked_attention,
+                    decode,
+                },
             )?;
             let o = merge_heads(&o)?;
             let r = a.o_proj.forward(&o, ctx)?;

@@ -5,9 +5,10 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{geglu, gelu_approx, scalar, softcap};
-use super::attention::{attend_rows, merge_heads, split_heads, RowKv, RowOffsets};
+use super::attention::{attend_rows, merge_heads, split_heads, AttentionForm, RowKv, RowOffsets};
 use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
+use super::decode_attention::DecodeAttention;
 use super::linear::{Embedding, Linear, LinearShape};
 use super::linear_group::LinearGroup;
 use super::norm::RmsNorm;
@@ -405,17 +406,23 @@ impl Gemma4 {
         RowCache::new(layers)
     }
 
-    /// Last-position logits `[B, vocab]` (model dtype) of `tokens` `[B, L]`.
+    /// Last-position logits `[B, vocab]` (model dtype) of `tokens` `[B, L]`; decode rows
+    /// attend as `decode` says.
     pub fn forward(
         &self,
         tokens: &Array,
         caches: &mut [&mut RowCache],
         ctx: &ForwardCtx,
+        decode: DecodeAttention,
     ) -> Result<Array> {
         let (b, l) = (tokens.dim(0), tokens.dim(1));
         let dt = self.dtype;
         let n = self.layers.len() as i32;
         let mut trace = Trace::start(b);
+        let form = AttentionForm {
+            stack: ctx.stacked_attention,
+            decode,
+        };
         let mut h = self.embed_tokens.forward(tokens)?;
         h = h.multiply(scalar((self.cfg.hidden_size as f64).sqrt(), dt)?)?;
 
@@ -510,7 +517,7 @@ impl Gemma4 {
                     let k = offsets.rotate(&a.rope, &k)?;
                     let used: Vec<i32> = (0..caches.len()).map(|r| offsets.of(r)).collect();
                     let mut row_kv = RowKv::update(caches, i, &k, &v)?;
-                    let o = attend_rows(&q, &mut row_kv, &row_masks, 1.0, ctx.stacked_attention)?;
+                    let o = attend_rows(&q, &mut row_kv, &row_masks, 1.0, form)?;
                     kvs.push(Some((row_kv, used)));
                     o
                 }
@@ -519,7 +526,7 @@ impl Gemma4 {
                         .get_mut(layer.kv_source)
                         .and_then(Option::as_mut)
                         .ok_or_else(|| missing_layer(layer.kv_source))?;
-                    let o = attend_rows(&q, row_kv, &row_masks, 1.0, ctx.stacked_attention)?;
+                    let o = attend_rows(&q, row_kv, &row_masks, 1.0, form)?;
                     kvs.push(None);
                     o
                 }

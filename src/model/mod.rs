@@ -12,6 +12,7 @@ pub mod activation;
 pub mod attention;
 pub mod cache;
 pub mod config;
+pub mod decode_attention;
 pub mod gemma3;
 pub mod gemma4;
 pub mod linear;
@@ -24,6 +25,7 @@ pub mod weights;
 
 pub use cache::RowCache;
 pub use config::{ArchConfig, ModelConfig};
+pub use decode_attention::DecodeAttention;
 pub use weight_form::{WeightChoice, WeightForm};
 
 /// Whether MLX's default device (where the model will run) is the CPU.
@@ -90,15 +92,20 @@ pub struct LoadOptions {
     /// product where the parts allow it (see [`linear_group`]); the results are bit-identical
     /// either way, fusion only launches fewer kernels.
     pub fuse_projections: bool,
+    /// How decode steps attend (see [`decode_attention`]); a kernel that fails its
+    /// self-check at load falls back to MLX's op.
+    pub decode_attention: DecodeAttention,
 }
 
 impl LoadOptions {
     /// `weights`, fusing projections unless `MEMEXEC_FUSE_PROJECTIONS=0`
-    /// ([`linear_group::fuse_projections_default`]).
+    /// ([`linear_group::fuse_projections_default`]), decode attention as
+    /// [`DecodeAttention::from_env`] says.
     pub fn new(weights: WeightChoice) -> LoadOptions {
         LoadOptions {
             weights,
             fuse_projections: linear_group::fuse_projections_default(),
+            decode_attention: DecodeAttention::from_env(),
         }
     }
 }
@@ -127,6 +134,8 @@ pub struct ModelInfo {
     /// Groups of projections (a layer's q/k/v, its gate/up) that run as one quantized
     /// product; 0 with fusion off or dense matrices.
     pub fused_groups: usize,
+    /// How decode steps attend (serial and batched alike).
+    pub decode_attention: DecodeAttention,
 }
 
 enum Arch {
@@ -159,6 +168,7 @@ impl Model {
         let LoadOptions {
             weights,
             fuse_projections: fuse,
+            decode_attention,
         } = opts;
         let cfg = ModelConfig::load(dir)?;
         let mut w = weights::Weights::load(dir)?;
@@ -206,6 +216,10 @@ impl Model {
         if fused_groups > 0 {
             tracing::info!(groups = fused_groups, "projections: fused");
         }
+        let decode_attention = decode_attention.checked();
+        if decode_attention == DecodeAttention::Kernel {
+            tracing::info!("decode attention: one-node kernel");
+        }
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),
             eos_token_ids: cfg.eos_token_ids.clone(),
@@ -217,6 +231,7 @@ impl Model {
             weight_form,
             on_cpu: facts.cpu,
             fused_groups,
+            decode_attention,
         };
         let mut model = Model {
             arch,
@@ -307,8 +322,8 @@ impl Model {
         ctx: &ForwardCtx,
     ) -> Result<Array> {
         let logits = match &self.arch {
-            Arch::Gemma4(m) => m.forward(tokens, caches, ctx)?,
-            Arch::Gemma3(m) => m.forward(tokens, caches, ctx)?,
+            Arch::Gemma4(m) => m.forward(tokens, caches, ctx, self.info.decode_attention)?,
+            Arch::Gemma3(m) => m.forward(tokens, caches, ctx, self.info.decode_attention)?,
         };
         Ok(logits.as_dtype(Dtype::Float32)?)
     }

@@ -435,6 +435,7 @@ pub fn run(args: Args) -> Result<()> {
         "rows_per_product": (probe.rows_per_product() != usize::MAX)
             .then_some(probe.rows_per_product()),
         "stacked_attention": probe.stacked_attention(),
+        "decode_attention": backend.model().info().decode_attention,
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
     });
     if let Some(path) = &args.json_out {

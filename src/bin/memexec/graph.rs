@@ -66,6 +66,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
         let v = serde_json::json!({
             "model_type": model.info().model_type,
             "fused_projections": model.info().fused_groups,
+            "decode_attention": model.info().decode_attention,
             "prompt_len": prompt.len(),
             "steps": results,
         });

@@ -1,0 +1,335 @@
+//! One-kernel attention for decode steps on MLX CUDA.
+//!
+//! Why: on MLX CUDA (0.32.2) `scaled_dot_product_attention` has no fused kernel for Gemma-4's
+//! head dims (256 / 512); it falls back to a decomposition of 12 graph nodes per call (scale,
+//! two matmuls, a softmax and their reshapes / broadcasts). A decode step is bound by MLX's
+//! host work per node, and a batched step attends once per row (MLX CUDA's batched matmuls are
+//! not batch-invariant), so that fallback is ~500 nodes of a one-row e4b step and ~500 more
+//! per extra row. `kernels/decode_attention.cu` does one query position of one sequence in ONE
+//! node, rounding where the fallback stores arrays (scaled query, scores, probabilities in the
+//! activation dtype, f32 sums, MLX's softmax); only the order of its f32 sums differs, so it
+//! matches MLX's result bit for bit in nearly every element (`scripts/gpu/attention_kernel.py`
+//! measures it) — and each block reads one sequence's arrays only, so a row gets the same bits
+//! in any batch.
+//!
+//! Used for queries of one position with no mask (every decode step: see
+//! [`super::cache`]'s masks) when the model loaded with [`DecodeAttention::Kernel`] (opt-in,
+//! see [`DecodeAttention::from_env`]); other
+//! shapes (prefill, more than [`MAX_KEYS`] keys, head dims that are not a multiple of 256)
+//! take MLX's op. The choice is made once per model, so serial and batched steps share it.
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use mlx_rs::{Array, Dtype};
+
+use crate::error::{Error, Result};
+use crate::mlx_ffi::{CudaKernel, TemplateArg};
+
+const SOURCE: &str = include_str!("kernels/decode_attention.cu");
+
+/// Most keys one call attends over (the kernel keeps the probabilities in shared memory).
+pub const MAX_KEYS: i32 = 8192;
+
+/// Threads per block: 8 warps (the kernel's `WARPS`).
+const THREADS: i32 = 256;
+
+/// How a model's decode steps attend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecodeAttention {
+    /// MLX's `scaled_dot_product_attention` (mlx-lm's op).
+    Mlx,
+    /// memexec's one-node CUDA kernel (MLX CUDA builds only).
+    Kernel,
+}
+
+impl DecodeAttention {
+    /// `MEMEXEC_DECODE_ATTENTION=kernel` asks for the kernel; anything else (or nothing) is
+    /// MLX's op, mlx-lm's numeric path. (The engine's configuration `decode_attention`, when
+    /// given, wins over the variable.)
+    ///
+    /// Why the kernel is opt-in: on the H200 it makes decode steps cheaper (a one-row e4b step
+    /// 1920 -> 1458 graph nodes, 8 rows 7056 -> 3360) and keeps batched rows identical to
+    /// serial ones, but its f32 sums run in another order than MLX's matmuls, so at near-ties
+    /// its greedy ids part from mlx-lm's (random-weight e4b: after 8, 5 and 0 of 32 tokens;
+    /// `benchmarks/2026-11-30-h200-session7/`). mlx-lm's tokens are memexec's reference.
+    pub fn from_env() -> DecodeAttention {
+        DecodeAttention::parse(std::env::var("MEMEXEC_DECODE_ATTENTION").ok().as_deref())
+    }
+
+    /// The setting a `MEMEXEC_DECODE_ATTENTION` value asks for (`kernel`, any case).
+    pub fn parse(value: Option<&str>) -> DecodeAttention {
+        match value.map(str::trim) {
+            Some(v) if v.eq_ignore_ascii_case("kernel") => DecodeAttention::Kernel,
+            _ => DecodeAttention::Mlx,
+        }
+    }
+
+    /// `self`, or [`DecodeAttention::Mlx`] when the kernel fails [`self_check`] here (logged).
+    pub fn checked(self) -> DecodeAttention {
+        if self == DecodeAttention::Mlx {
+            return self;
+        }
+        match self_check() {
+            Ok(()) => self,
+            Err(e) => {
+                tracing::warn!("decode attention: kernel unavailable ({e}); using MLX's op");
+                DecodeAttention::Mlx
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// One kernel per row count, made on first use on the thread that runs the model (MLX
+    /// objects stay on the thread that made them); MLX compiles each once.
+    static KERNELS: RefCell<HashMap<usize, Rc<CudaKernel>>> = RefCell::new(HashMap::new());
+}
+
+/// The kernel's source for `rows` rows: a prologue that picks the block's row (its inputs are
+/// `k<r>` / `v<r>`) and defines what `kernels/decode_attention.cu` reads, then that body, the
+/// same text at every row count.
+pub fn source(rows: usize) -> String {
+    let mut s = String::from(
+        "const int heads = q_shape[1];\n\
+         const int row = blockIdx.x / heads;\n\
+         const int h = blockIdx.x % heads;\n\
+         const T* kr;\nconst T* vr;\nint n_keys, kv_heads;\n\
+         int64_t k_head, k_step, v_head, v_step;\n\
+         switch (row) {\n",
+    );
+    for r in 0..rows {
+        s.push_str(&format!(
+            "  case {r}: kr = k{r}; vr = v{r}; n_keys = k{r}_shape[2]; kv_heads = k{r}_shape[1];\n\
+             \x20   k_head = k{r}_strides[1]; k_step = k{r}_strides[2];\n\
+             \x20   v_head = v{r}_strides[1]; v_step = v{r}_strides[2]; break;\n"
+        ));
+    }
+    s.push_str(
+        "  default: return;\n}\n\
+         const T* qh = q + row * q_strides[0] + h * q_strides[1];\n\
+         T* oh = out + (row * heads + h) * D;\n",
+    );
+    s.push_str(SOURCE);
+    s
+}
+
+fn kernel(rows: usize) -> Result<Rc<CudaKernel>> {
+    KERNELS.with(|k| {
+        if let Some(k) = k.borrow().get(&rows) {
+            return Ok(k.clone());
+        }
+        let mut inputs = vec!["q".to_string()];
+        for r in 0..rows {
+            inputs.push(format!("k{r}"));
+            inputs.push(format!("v{r}"));
+        }
+        let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        let made = Rc::new(CudaKernel::new(
+            &format!("memexec_decode_attention_r{rows}"),
+            &inputs,
+            &["out"],
+            &source(rows),
+        )?);
+        k.borrow_mut().insert(rows, made.clone());
+        Ok(made)
+    })
+}
+
+/// Whether one row's `[1, kv_heads, S, D]` keys / values suit the kernel for queries of
+/// `heads` heads of `d` dims in `dtype`.
+fn row_fits(k: &Array, v: &Array, heads: i32, d: i32, dtype: Dtype) -> bool {
+    let (&[1, kv_heads, keys, dk], &[1, kv_v, keys_v, dv]) = (k.shape(), v.shape()) else {
+        return false;
+    };
+    dk == d
+        && dv == d
+        && kv_heads == kv_v
+        && kv_heads > 0
+        && heads % kv_heads == 0
+        && keys == keys_v
+        && (1..=MAX_KEYS).contains(&keys)
+        && k.dtype() == dtype
+        && v.dtype() == dtype
+        && k.strides().last() == Some(&1)
+        && v.strides().last() == Some(&1)
+}
+
+/// `[rows, heads, 1, D]` queries, row `r` over `kv[r]`'s `[1, kv_heads, S_r, D]` keys /
+/// values, no mask: every row in one kernel node. `None` when a shape is not the kernel's
+/// (the caller uses MLX's op).
+pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Option<Array>> {
+    let &[rows, heads, 1, d] = q.shape() else {
+        return Ok(None);
+    };
+    let dtype = q.dtype();
+    let fits = rows as usize == kv.len()
+        && rows > 0
+        && d % 256 == 0
+        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+        && q.strides().last() == Some(&1)
+        && kv.iter().all(|(k, v)| row_fits(k, v, heads, d, dtype));
+    if !fits {
+        return Ok(None);
+    }
+    let mut inputs: Vec<&Array> = Vec::with_capacity(1 + 2 * kv.len());
+    inputs.push(q);
+    for (k, v) in kv {
+        inputs.push(k);
+        inputs.push(v);
+    }
+    let out = kernel(kv.len())?.apply(
+        &inputs,
+        &[(q.shape(), dtype)],
+        [rows * heads * THREADS, 1, 1],
+        [THREADS, 1, 1],
+        &[
+            ("T", TemplateArg::Dtype(dtype)),
+            ("D", TemplateArg::Int(d)),
+            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ("MAX_KEYS", TemplateArg::Int(MAX_KEYS)),
+        ],
+    )?;
+    out.into_iter()
+        .next()
+        .map(Some)
+        .ok_or_else(|| Error::Internal("decode attention: no output".into()))
+}
+
+/// [`attend_rows`] for one row: `[1, heads, 1, D]` queries over `[1, kv_heads, S, D]`.
+pub fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Option<Array>> {
+    attend_rows(q, &[(k, v)], scale)
+}
+
+/// Runs the kernel once on a small case against MLX's op: fails where it cannot compile or
+/// run (not an MLX CUDA build) or disagrees beyond the rounding of bf16 scores.
+pub fn self_check() -> Result<()> {
+    use mlx_rs::fast::scaled_dot_product_attention;
+    // Deterministic values in [-0.25, 0.25) from a 32-bit LCG (no MLX random state touched):
+    // scores of a few tenths, a spread-out softmax. Scale 1 and head dim 256 are Gemma-4's
+    // sliding layers', so the kernel compiled here is the one decoding uses first.
+    let mut state = 0x2545_f491_u32;
+    let mut draw = |shape: &[i32]| -> Result<Array> {
+        let n = shape.iter().product::<i32>() as usize;
+        let data: Vec<f32> = (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 24) as f32 * 0.5 - 0.25
+            })
+            .collect();
+        Ok(Array::from_slice(&data, shape).as_dtype(Dtype::Bfloat16)?)
+    };
+    let q = draw(&[1, 4, 1, 256])?;
+    let k = draw(&[1, 2, 37, 256])?;
+    let v = draw(&[1, 2, 37, 256])?;
+    let ours = attend(&q, &k, &v, 1.0)?
+        .ok_or_else(|| Error::Internal("decode attention: self-check shape rejected".into()))?;
+    let theirs = scaled_dot_product_attention(&q, &k, &v, 1.0, None, None)?;
+    let close = ours.as_dtype(Dtype::Float32)?.all_close(
+        &theirs.as_dtype(Dtype::Float32)?,
+        2e-2,
+        2e-2,
+        None,
+    )?;
+    if close {
+        Ok(())
+    } else {
+        Err(Error::Internal(
+            "decode attention: kernel disagrees with MLX's attention".into(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
+        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
+    }
+
+    #[test]
+    fn only_kernel_asks_for_the_kernel() {
+        assert_eq!(
+            DecodeAttention::parse(Some("kernel")),
+            DecodeAttention::Kernel
+        );
+        assert_eq!(
+            DecodeAttention::parse(Some(" KERNEL ")),
+            DecodeAttention::Kernel
+        );
+        for v in [None, Some(""), Some("mlx"), Some("1"), Some("kernels")] {
+            assert_eq!(DecodeAttention::parse(v), DecodeAttention::Mlx, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn shapes_outside_the_kernel_take_mlx_op() {
+        let bf = Dtype::Bfloat16;
+        let kv = |keys: i32, d: i32| zeros(&[1, 2, keys, d], bf);
+        let cases = [
+            // Prefill: more than one query position.
+            (zeros(&[1, 8, 3, 256], bf), kv(3, 256), kv(3, 256)),
+            // Head dim not a multiple of 256 (the tiny fixtures' 64 / 128).
+            (zeros(&[1, 8, 1, 128], bf), kv(5, 128), kv(5, 128)),
+            // More keys than the kernel keeps.
+            (
+                zeros(&[1, 8, 1, 256], bf),
+                kv(MAX_KEYS + 1, 256),
+                kv(MAX_KEYS + 1, 256),
+            ),
+            // A batch of rows (the kernel takes one row; attend_rows splits them).
+            (
+                zeros(&[2, 8, 1, 256], bf),
+                zeros(&[2, 2, 5, 256], bf),
+                zeros(&[2, 2, 5, 256], bf),
+            ),
+            // Query heads not a multiple of the key heads.
+            (zeros(&[1, 3, 1, 256], bf), kv(5, 256), kv(5, 256)),
+            // Mixed dtypes.
+            (
+                zeros(&[1, 8, 1, 256], Dtype::Float32),
+                kv(5, 256),
+                kv(5, 256),
+            ),
+        ];
+        for (i, (q, k, v)) in cases.iter().enumerate() {
+            assert!(attend(q, k, v, 1.0).unwrap().is_none(), "case {i}");
+        }
+    }
+
+    #[test]
+    fn a_build_without_mlx_cuda_falls_back_to_mlx_op() {
+        if !cfg!(target_os = "linux")
+            || mlx_rs::Device::try_default().is_ok_and(|d| {
+                d.get_type()
+                    .is_ok_and(|t| !matches!(t, mlx_rs::DeviceType::Cpu))
+            })
+        {
+            return; // a GPU build: the kernel may well work here
+        }
+        assert!(self_check().is_err());
+        assert_eq!(DecodeAttention::Kernel.checked(), DecodeAttention::Mlx);
+        assert_eq!(DecodeAttention::Mlx.checked(), DecodeAttention::Mlx);
+    }
+}
+
+#[cfg(test)]
+mod source_tests {
+    use super::*;
+
+    #[test]
+    fn each_row_count_gets_the_same_body_after_its_row_switch() {
+        let one = source(1);
+        let three = source(3);
+        for s in [&one, &three] {
+            assert!(s.ends_with(SOURCE));
+        }
+        assert!(three.contains("case 2: kr = k2; vr = v2;"));
+        assert!(!one.contains("case 1:"));
+        // The prologue differs only in its switch: the text after it is the same.
+        let after = |s: &str| s[s.find("default: return;").unwrap()..].to_string();
+        assert_eq!(after(&one), after(&three));
+    }
+}
