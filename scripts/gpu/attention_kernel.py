@@ -41,16 +41,11 @@ def source(rows):
     return s + SOURCE
 
 
-KERNELS = {}
-
-
-def kernel(rows):
-    if rows not in KERNELS:
-        names = ["q"] + [n for r in range(rows) for n in (f"k{r}", f"v{r}")]
-        KERNELS[rows] = mx.fast.cuda_kernel(
-            name=f"memexec_decode_attention_r{rows}", input_names=names, output_names=["out"],
-            source=source(rows), ensure_row_contiguous=False)
-    return KERNELS[rows]
+ROWS_PER_CALL = 8  # src/model/decode_attention.rs
+KERNEL = mx.fast.cuda_kernel(
+    name="memexec_decode_attention",
+    input_names=["q"] + [n for r in range(ROWS_PER_CALL) for n in (f"k{r}", f"v{r}")],
+    output_names=["out"], source=source(ROWS_PER_CALL), ensure_row_contiguous=False)
 
 
 def scale_bits(scale):
@@ -58,10 +53,11 @@ def scale_bits(scale):
 
 
 def kernel_attention(q, k, v, scale):
-    """q [B, H, 1, D]; k, v: one [1, G, S, D] array or a list of B of them."""
+    """q [B, H, 1, D] (B <= ROWS_PER_CALL); k, v: one [1, G, S, D] array or a list of B."""
     kv = list(zip(k, v)) if isinstance(k, list) else [(k, v)]
     rows, d = len(kv), q.shape[-1]
-    return kernel(rows)(
+    kv += [kv[0]] * (ROWS_PER_CALL - rows)  # unused inputs: row 0's arrays, as memexec does
+    return KERNEL(
         inputs=[q] + [a for pair in kv for a in pair],
         template=[("T", q.dtype), ("D", d), ("SCALE_BITS", scale_bits(scale)),
                   ("MAX_KEYS", MAX_KEYS)],

@@ -18,7 +18,6 @@
 //! shapes (prefill, more than [`MAX_KEYS`] keys, head dims that are not a multiple of 256)
 //! take MLX's op. The choice is made once per model, so serial and batched steps share it.
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use mlx_rs::{Array, Dtype};
@@ -81,15 +80,22 @@ impl DecodeAttention {
     }
 }
 
+/// Rows one kernel call takes. One kernel for every batch width (MLX compiles a custom
+/// kernel per name and template constants, about a second each on first use in a process), so
+/// a call with fewer rows fills the unused inputs with row 0's arrays (their blocks are not
+/// launched) and a wider batch runs in calls of at most this many rows. Eight rows keep the
+/// kernel's parameters (each row's shape and strides) well inside CUDA's 4 KiB.
+pub const ROWS_PER_CALL: usize = 8;
+
 thread_local! {
-    /// One kernel per row count, made on first use on the thread that runs the model (MLX
-    /// objects stay on the thread that made them); MLX compiles each once.
-    static KERNELS: RefCell<HashMap<usize, Rc<CudaKernel>>> = RefCell::new(HashMap::new());
+    /// Made on first use on the thread that runs the model (MLX objects stay on the thread
+    /// that made them).
+    static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
 }
 
-/// The kernel's source for `rows` rows: a prologue that picks the block's row (its inputs are
-/// `k<r>` / `v<r>`) and defines what `kernels/decode_attention.cu` reads, then that body, the
-/// same text at every row count.
+/// The kernel's source for `rows` input rows: a prologue that picks the block's row (its
+/// inputs are `k<r>` / `v<r>`) and defines what `kernels/decode_attention.cu` reads, then that
+/// body, the same text at every row count.
 pub fn source(rows: usize) -> String {
     let mut s = String::from(
         "const int heads = q_shape[1];\n\
@@ -115,24 +121,24 @@ pub fn source(rows: usize) -> String {
     s
 }
 
-fn kernel(rows: usize) -> Result<Rc<CudaKernel>> {
-    KERNELS.with(|k| {
-        if let Some(k) = k.borrow().get(&rows) {
+fn kernel() -> Result<Rc<CudaKernel>> {
+    KERNEL.with(|k| {
+        if let Some(k) = k.borrow().as_ref() {
             return Ok(k.clone());
         }
         let mut inputs = vec!["q".to_string()];
-        for r in 0..rows {
+        for r in 0..ROWS_PER_CALL {
             inputs.push(format!("k{r}"));
             inputs.push(format!("v{r}"));
         }
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
         let made = Rc::new(CudaKernel::new(
-            &format!("memexec_decode_attention_r{rows}"),
+            "memexec_decode_attention",
             &inputs,
             &["out"],
-            &source(rows),
+            &source(ROWS_PER_CALL),
         )?);
-        k.borrow_mut().insert(rows, made.clone());
+        *k.borrow_mut() = Some(made.clone());
         Ok(made)
     })
 }
@@ -157,8 +163,8 @@ fn row_fits(k: &Array, v: &Array, heads: i32, d: i32, dtype: Dtype) -> bool {
 }
 
 /// `[rows, heads, 1, D]` queries, row `r` over `kv[r]`'s `[1, kv_heads, S_r, D]` keys /
-/// values, no mask: every row in one kernel node. `None` when a shape is not the kernel's
-/// (the caller uses MLX's op).
+/// values, no mask: one kernel node per [`ROWS_PER_CALL`] rows. `None` when a shape is not the
+/// kernel's (the caller uses MLX's op).
 pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Option<Array>> {
     let &[rows, heads, 1, d] = q.shape() else {
         return Ok(None);
@@ -173,13 +179,33 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
     if !fits {
         return Ok(None);
     }
-    let mut inputs: Vec<&Array> = Vec::with_capacity(1 + 2 * kv.len());
+    if kv.len() > ROWS_PER_CALL {
+        use mlx_rs::ops::indexing::TryIndexOp;
+        let mut outs = Vec::with_capacity(kv.len().div_ceil(ROWS_PER_CALL));
+        for (c, kvs) in kv.chunks(ROWS_PER_CALL).enumerate() {
+            let start = (c * ROWS_PER_CALL) as i32;
+            let qc = q.try_index(start..start + kvs.len() as i32)?;
+            outs.push(call(&qc, kvs, scale, dtype)?);
+        }
+        return Ok(Some(mlx_rs::ops::concatenate(&outs, 0)?));
+    }
+    call(q, kv, scale, dtype).map(Some)
+}
+
+/// One kernel call over at most [`ROWS_PER_CALL`] rows that suit it.
+fn call(q: &Array, kv: &[(&Array, &Array)], scale: f32, dtype: Dtype) -> Result<Array> {
+    let (rows, heads, d) = (q.dim(0), q.dim(1), q.dim(3));
+    let first = kv
+        .first()
+        .ok_or_else(|| Error::Internal("decode attention: no rows".into()))?;
+    let mut inputs: Vec<&Array> = Vec::with_capacity(1 + 2 * ROWS_PER_CALL);
     inputs.push(q);
-    for (k, v) in kv {
+    for r in 0..ROWS_PER_CALL {
+        let (k, v) = kv.get(r).unwrap_or(first);
         inputs.push(k);
         inputs.push(v);
     }
-    let out = kernel(kv.len())?.apply(
+    let out = kernel()?.apply(
         &inputs,
         &[(q.shape(), dtype)],
         [rows * heads * THREADS, 1, 1],
@@ -193,7 +219,6 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
     )?;
     out.into_iter()
         .next()
-        .map(Some)
         .ok_or_else(|| Error::Internal("decode attention: no output".into()))
 }
 
