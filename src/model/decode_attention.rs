@@ -5,18 +5,18 @@
 //! two matmuls, a softmax and their reshapes / broadcasts). A decode step is bound by MLX's
 //! host work per node, and a batched step attends once per row (MLX CUDA's batched matmuls are
 //! not batch-invariant), so that fallback is ~500 nodes of a one-row e4b step and ~500 more
-//! per extra row. `kernels/decode_attention.cu` does one query position of one sequence in ONE
-//! node, rounding where the fallback stores arrays (scaled query, scores, probabilities in the
-//! activation dtype, f32 sums, MLX's softmax); only the order of its f32 sums differs, so it
-//! matches MLX's result bit for bit in nearly every element (`scripts/gpu/attention_kernel.py`
-//! measures it) — and each block reads one sequence's arrays only, so a row gets the same bits
-//! in any batch.
+//! per extra row. `kernels/decode_attention.cu` does one query position of every row of a step
+//! (up to [`ROWS_PER_CALL`]) in ONE node, rounding where the fallback stores arrays (scaled
+//! query, scores, probabilities in the activation dtype, f32 sums, MLX's softmax); only the
+//! order of its f32 sums differs, so it matches MLX's result bit for bit in nearly every
+//! element (`scripts/gpu/attention_kernel.py` measures it) — and each block reads one row's
+//! arrays only, so a row gets the same bits in any batch.
 //!
 //! Used for queries of one position with no mask (every decode step: see
 //! [`super::cache`]'s masks) when the model loaded with [`DecodeAttention::Kernel`] (opt-in,
-//! see [`DecodeAttention::from_env`]); other
-//! shapes (prefill, more than [`MAX_KEYS`] keys, head dims that are not a multiple of 256)
-//! take MLX's op. The choice is made once per model, so serial and batched steps share it.
+//! see [`DecodeAttention::from_env`]); other shapes (prefill, more than [`MAX_KEYS`] keys, head
+//! dims that are not a multiple of 256) take MLX's op. The choice is made once per model, so
+//! serial and batched steps share it.
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -49,7 +49,7 @@ impl DecodeAttention {
     /// given, wins over the variable.)
     ///
     /// Why the kernel is opt-in: on the H200 it makes decode steps cheaper (a one-row e4b step
-    /// 1920 -> 1458 graph nodes, 8 rows 7056 -> 3360) and keeps batched rows identical to
+    /// 1920 -> 1458 graph nodes, 8 rows 7056 -> 2982) and keeps batched rows identical to
     /// serial ones, but its f32 sums run in another order than MLX's matmuls, so at near-ties
     /// its greedy ids part from mlx-lm's (random-weight e4b: after 8, 5 and 0 of 32 tokens;
     /// `benchmarks/2026-11-30-h200-session7/`). mlx-lm's tokens are memexec's reference.
