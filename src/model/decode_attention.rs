@@ -15,7 +15,7 @@
 //! Used for queries of one position with no mask (every decode step: see
 //! [`super::cache`]'s masks) when the model loaded with [`DecodeAttention::Kernel`] (opt-in,
 //! see [`DecodeAttention::from_env`]); other shapes (prefill, more than [`MAX_KEYS`] keys, head
-//! dims that are not a multiple of 256) take MLX's op. The choice is made once per model, so
+//! dims that are not a multiple of 256, f32 activations) take MLX's op. The choice is made once per model, so
 //! serial and batched steps share it.
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -173,7 +173,8 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
     let fits = rows as usize == kv.len()
         && rows > 0
         && d % 256 == 0
-        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+        // The kernel's 16-byte loads hold 8 elements: 2-byte types only.
+        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16)
         && q.strides().last() == Some(&1)
         && kv.iter().all(|(k, v)| row_fits(k, v, heads, d, dtype));
     if !fits {
@@ -304,7 +305,7 @@ mod tests {
                 kv(MAX_KEYS + 1, 256),
                 kv(MAX_KEYS + 1, 256),
             ),
-            // A batch of rows (the kernel takes one row; attend_rows splits them).
+            // Keys of several rows in one array (each row's keys must be their own array).
             (
                 zeros(&[2, 8, 1, 256], bf),
                 zeros(&[2, 2, 5, 256], bf),
@@ -317,6 +318,12 @@ mod tests {
                 zeros(&[1, 8, 1, 256], Dtype::Float32),
                 kv(5, 256),
                 kv(5, 256),
+            ),
+            // f32 activations (the kernel loads 2-byte elements only).
+            (
+                zeros(&[1, 8, 1, 256], Dtype::Float32),
+                zeros(&[1, 2, 5, 256], Dtype::Float32),
+                zeros(&[1, 2, 5, 256], Dtype::Float32),
             ),
         ];
         for (i, (q, k, v)) in cases.iter().enumerate() {

@@ -5,7 +5,7 @@
 //
 // Body of an MLX custom kernel (`mlx::core::fast::cuda_kernel`). MLX writes the signature
 // (`q`, per row `k<r>` / `v<r>` with their `_shape` / `_strides`, output `out`) and the
-// template constants `T` (element type), `D` (head dim, a multiple of 256), `SCALE_BITS` (the
+// template constants `T` (element type: bf16 or f16), `D` (head dim, a multiple of 256), `SCALE_BITS` (the
 // f32 scale's bits), `MAX_KEYS`. memexec prepends a prologue (src/model/decode_attention.rs,
 // `source`) that picks this block's row and defines `heads`, `h`, `kv_heads`, `n_keys`, the
 // row's `kr` / `vr` and their head / position strides, `qh` (this head's query) and `oh` (its
@@ -23,6 +23,7 @@ constexpr int WARPS = 8;
 constexpr int THREADS = WARPS * 32;
 constexpr int PER_LANE = D / 32;
 static_assert(D % 256 == 0, "head dim must be a multiple of 256");
+static_assert(sizeof(T) == 2, "16-byte loads below hold 8 elements: bf16 / f16 only");
 
 __shared__ T s_p[MAX_KEYS];
 __shared__ float s_red[WARPS];
