@@ -91,13 +91,12 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
     }
 }
 
-/// A template constant of a [`CudaKernel`]: `constexpr int` / `constexpr bool` / `using`.
+/// A template constant of a [`CudaKernel`]: `constexpr int` / `using` (MLX-C also takes
+/// `constexpr bool`; nothing here needs it).
 #[derive(Debug, Clone, Copy)]
 pub enum TemplateArg {
     /// `constexpr int NAME = value;`
     Int(i32),
-    /// `constexpr bool NAME = value;`
-    Bool(bool),
     /// `using NAME = <the CUDA type of the dtype>;`
     Dtype(Dtype),
 }
@@ -207,13 +206,6 @@ impl CudaKernel {
                 match *arg {
                     TemplateArg::Int(v) => {
                         mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(
-                            config,
-                            name.as_ptr(),
-                            v,
-                        )
-                    }
-                    TemplateArg::Bool(v) => {
-                        mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_bool(
                             config,
                             name.as_ptr(),
                             v,

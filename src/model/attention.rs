@@ -295,9 +295,9 @@ pub fn attend_rows(
     {
         // Every row in one kernel node when all suit it; else row by row below (a row that
         // suits the kernel still gets it there: the same bits either way).
-        let rows: Option<Vec<(&Array, &Array)>> =
-            (0..b).map(|r| kv.row(r).map(|(k, v)| (k, v))).collect();
-        let rows = rows.ok_or_else(|| missing_row(0))?;
+        let rows = (0..b)
+            .map(|r| kv.row(r).map(|(k, v)| (k, v)).ok_or_else(|| missing_row(r)))
+            .collect::<Result<Vec<_>>>()?;
         if let Some(o) = decode_attention::attend_rows(q, &rows, scale)? {
             return Ok(o);
         }

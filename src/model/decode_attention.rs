@@ -15,8 +15,8 @@
 //! Used for queries of one position with no mask (every decode step: see
 //! [`super::cache`]'s masks) when the model loaded with [`DecodeAttention::Kernel`] (opt-in,
 //! see [`DecodeAttention::from_env`]); other shapes (prefill, more than [`MAX_KEYS`] keys, head
-//! dims that are not a multiple of 256, f32 activations) take MLX's op. The choice is made once per model, so
-//! serial and batched steps share it.
+//! dims that are not a multiple of 256, f32 activations) take MLX's op. The choice is made
+//! once per model, so serial and batched steps share it.
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -345,11 +345,6 @@ mod tests {
         assert_eq!(DecodeAttention::Kernel.checked(), DecodeAttention::Mlx);
         assert_eq!(DecodeAttention::Mlx.checked(), DecodeAttention::Mlx);
     }
-}
-
-#[cfg(test)]
-mod source_tests {
-    use super::*;
 
     #[test]
     fn each_row_count_gets_the_same_body_after_its_row_switch() {
