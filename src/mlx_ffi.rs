@@ -106,21 +106,30 @@ pub enum TemplateArg {
 /// the body uses them; outputs as `T* name`) and compiles it with NVRTC at its first
 /// evaluation (cached per name and template constants). Only MLX CUDA builds can evaluate
 /// it; elsewhere the evaluation fails. Inputs are passed as they are (views keep their
-/// strides): the body must honour `name_strides`.
+/// strides: the body must honour `name_strides`) unless the kernel was made with
+/// `ensure_row_contiguous`, which copies inputs that are not row contiguous first.
 pub struct CudaKernel {
     raw: mlx_sys::mlx_fast_cuda_kernel,
     name: String,
 }
 
 impl CudaKernel {
-    /// A kernel named `name` with these input and output names and body.
-    pub fn new(name: &str, inputs: &[&str], outputs: &[&str], source: &str) -> Result<CudaKernel> {
+    /// A kernel named `name` with these input and output names and body; `header` goes after
+    /// MLX's default header (includes, helpers).
+    pub fn new(
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        source: &str,
+        header: &str,
+        ensure_row_contiguous: bool,
+    ) -> Result<CudaKernel> {
         ensure_error_handler();
         let c = |s: &str| {
             CString::new(s)
                 .map_err(|_| Error::InvalidArgument(format!("cuda kernel `{name}`: NUL in {s:?}")))
         };
-        let (c_name, c_source, c_header) = (c(name)?, c(source)?, c("")?);
+        let (c_name, c_source, c_header) = (c(name)?, c(source)?, c(header)?);
         let c_inputs = inputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
         let c_outputs = outputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
         // SAFETY: every pointer handed to MLX-C is a NUL-terminated string alive for the
@@ -141,7 +150,7 @@ impl CudaKernel {
                 out_names,
                 c_source.as_ptr(),
                 c_header.as_ptr(),
-                false,
+                ensure_row_contiguous,
                 0,
             );
             mlx_sys::mlx_vector_string_free(in_names);

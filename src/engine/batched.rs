@@ -201,6 +201,7 @@ pub struct Decoder<'a> {
     bytes_per_token: Cell<u64>,
     rows_per_forward: usize,
     rows_per_product: usize,
+    product_kernel: bool,
     stacked_attention: bool,
     profile: Cell<DecodeProfile>,
 }
@@ -218,6 +219,7 @@ impl<'a> Decoder<'a> {
             bytes_per_token: Cell::new(0),
             rows_per_forward: limit_from_env("MEMEXEC_ROWS_PER_FORWARD").unwrap_or(usize::MAX),
             rows_per_product: rows_per_product_default(model),
+            product_kernel: product_kernel_default(model),
             stacked_attention: stacked_attention_default(model),
             profile: Cell::new(DecodeProfile::default()),
         }
@@ -255,6 +257,22 @@ impl<'a> Decoder<'a> {
         self
     }
 
+    /// Whether products of more rows than [`Decoder::rows_per_product`] run as one node of
+    /// memexec's row-exact CUDA kernel instead of row chunks (see
+    /// [`ForwardCtx::product_kernel`]). Default: on a GPU where
+    /// [`crate::model::quantized_rows::available`] (the kernel runs and matches MLX's one-row
+    /// product at start-up; `MEMEXEC_PRODUCT_KERNEL=0` turns it off), never on the CPU.
+    pub fn product_kernel(&self) -> bool {
+        self.product_kernel
+    }
+
+    /// Sets [`Decoder::product_kernel`] (only where the kernel is available: it stays off
+    /// elsewhere).
+    pub fn with_product_kernel(mut self, on: bool) -> Decoder<'a> {
+        self.product_kernel = on && product_kernel_default(self.model);
+        self
+    }
+
     /// Whether rows holding the same number of keys attend in one op (see
     /// [`ForwardCtx::stacked_attention`]). Default: on the CPU only, where it is exact;
     /// `MEMEXEC_STACKED_ATTENTION=1` / `0` overrides it (e.g. to try a Metal GPU: the start-up
@@ -275,6 +293,7 @@ impl<'a> Decoder<'a> {
         let product_rows = (self.rows_per_product != usize::MAX).then_some(self.rows_per_product);
         ForwardCtx::default()
             .with_product_rows(product_rows)
+            .with_product_kernel(self.product_kernel)
             .with_stacked_attention(self.stacked_attention)
     }
 
@@ -561,6 +580,12 @@ fn rows_per_product_default(model: &Model) -> usize {
         None if model.info().on_cpu => usize::MAX,
         None => ROWS_PER_PRODUCT,
     }
+}
+
+/// On a GPU whose MLX runs the row-exact product kernel (asked once per thread); never on
+/// the CPU, whose products need no chunks.
+fn product_kernel_default(model: &Model) -> bool {
+    !model.info().on_cpu && crate::model::quantized_rows::available()
 }
 
 /// On the CPU unless `MEMEXEC_STACKED_ATTENTION` says otherwise (`1` / `0`).

@@ -137,6 +137,8 @@ fn kernel() -> Result<Rc<CudaKernel>> {
             &inputs,
             &["out"],
             &source(ROWS_PER_CALL),
+            "",
+            false,
         )?);
         *k.borrow_mut() = Some(made.clone());
         Ok(made)

@@ -28,11 +28,18 @@ impl QuantizedMatrix {
     /// `x W^T` over the last axis of `x`, through MLX's quantized kernel: the one place a
     /// packed product is built, so a lone layer and a fused group (see
     /// [`super::linear_group`]) run the very same operation. A one-position input of more
-    /// rows than [`ForwardCtx::product_rows`] runs as balanced row chunks.
+    /// rows than [`ForwardCtx::product_rows`] runs through memexec's row-exact kernel where
+    /// [`ForwardCtx::product_kernel`] allows it and the weights suit it
+    /// ([`super::quantized_rows`]), else as balanced row chunks.
     pub(super) fn matmul(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
         let rows = x.dim(0).max(1) as usize;
         match ctx.product_rows {
             Some(max) if x.ndim() == 3 && x.dim(1) == 1 && rows > max.max(1) => {
+                if ctx.product_kernel {
+                    if let Some(y) = super::quantized_rows::product(x, self)? {
+                        return Ok(y);
+                    }
+                }
                 let chunks = rows.div_ceil(max.max(1));
                 let bounds: Vec<i32> = (1..chunks).map(|i| (i * rows / chunks) as i32).collect();
                 let parts = x
@@ -46,7 +53,8 @@ impl QuantizedMatrix {
         }
     }
 
-    fn product(&self, x: &Array) -> Result<Array> {
+    /// MLX's quantized product of `x` (whatever kernel MLX picks for its row count).
+    pub(super) fn product(&self, x: &Array) -> Result<Array> {
         // transpose = true: mlx-rs defaults to false, unlike Python's nn.QuantizedLinear.
         Ok(quantized_matmul(
             x,

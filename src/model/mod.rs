@@ -18,6 +18,7 @@ pub mod gemma4;
 pub mod linear;
 pub mod linear_group;
 pub mod norm;
+pub mod quantized_rows;
 pub mod rope;
 pub mod trace;
 pub mod weight_form;
@@ -48,6 +49,11 @@ pub struct ForwardCtx {
     /// and a batched row must get the bits of its serial step. `None`: no limit (the CPU,
     /// whose kernel computes each row alone at any count).
     pub product_rows: Option<usize>,
+    /// Products of more rows than [`ForwardCtx::product_rows`] run as ONE node of memexec's
+    /// CUDA kernel that gives every row the bits of MLX's one-row product
+    /// ([`quantized_rows`]) instead of row chunks, where the weights suit it. Set only where
+    /// [`quantized_rows::available`] says the kernel runs and matches MLX.
+    pub product_kernel: bool,
     /// Rows of a one-position forward that hold the same number of keys attend in one op
     /// over their stacked keys (see [`attention::attend_rows`]) instead of one op per row.
     /// Exact only where the backend's attention treats batch entries independently: true on
@@ -62,6 +68,7 @@ impl ForwardCtx {
         ForwardCtx {
             adapters,
             product_rows: None,
+            product_kernel: false,
             stacked_attention: false,
         }
     }
@@ -70,6 +77,14 @@ impl ForwardCtx {
     pub fn with_stacked_attention(self, stacked_attention: bool) -> ForwardCtx {
         ForwardCtx {
             stacked_attention,
+            ..self
+        }
+    }
+
+    /// This context with [`ForwardCtx::product_kernel`] set.
+    pub fn with_product_kernel(self, product_kernel: bool) -> ForwardCtx {
+        ForwardCtx {
+            product_kernel,
             ..self
         }
     }

@@ -434,6 +434,7 @@ pub fn run(args: Args) -> Result<()> {
             .then_some(probe.rows_per_forward()),
         "rows_per_product": (probe.rows_per_product() != usize::MAX)
             .then_some(probe.rows_per_product()),
+        "product_kernel": probe.product_kernel(),
         "stacked_attention": probe.stacked_attention(),
         "decode_attention": backend.model().info().decode_attention,
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },

@@ -39,7 +39,8 @@ pub fn run(args: Args) -> memexec::Result<()> {
         .map(|i| (16 + (i * 7919) % span) as u32)
         .collect();
     // The batched decoder's forward form on this device (row chunks, attention form).
-    let ctx = Decoder::new(&model, &[]).base_ctx();
+    let decoder = Decoder::new(&model, &[]);
+    let ctx = decoder.base_ctx();
     let mut results = Vec::new();
     for &rows in &args.rows {
         let text = decode_step_graph(&model, &prompt, rows, &ctx)?;
@@ -67,6 +68,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "model_type": model.info().model_type,
             "fused_projections": model.info().fused_groups,
             "decode_attention": model.info().decode_attention,
+            "product_kernel": decoder.product_kernel(),
             "prompt_len": prompt.len(),
             "steps": results,
         });

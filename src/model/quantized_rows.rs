@@ -1,0 +1,249 @@
+//! Batched 4-bit products on MLX CUDA whose rows keep the bits of the one-row product.
+//!
+//! Why: a batched row must get the bits of its serial step, and MLX CUDA (0.32.2) computes
+//! a quantized product with its row-wise `qmv` kernel (the serial path's) only below 8 rows;
+//! from 8 rows on it takes a tiled kernel that sums in another order. So wider batches ran
+//! their products in chunks of at most 7 rows (a split, a product per chunk and a
+//! concatenation: ~4 graph nodes per product instead of 1, and a decode step pays MLX's host
+//! work per node). `kernels/quantized_rows.cu` computes up to 8 rows per block row, each
+//! exactly as `qmv` does (same lanes, accumulator type, rounding and reduction order; on the
+//! H200 100% of elements bit-equal for every e4b product shape at 1-16 rows:
+//! `scripts/gpu/quantized_rows.py`), in ONE node for any row count.
+//!
+//! Used by [`super::linear`] for one-position inputs of more rows than
+//! [`super::ForwardCtx::product_rows`] when [`super::ForwardCtx::product_kernel`] is on (the
+//! batched decoder turns it on where [`available`] says the kernel runs and matches MLX
+//! here). Only 4-bit affine weights with groups of 32 / 64 / 128 (MLX's 8-bit one-row
+//! product rounds otherwise); anything else keeps the chunks.
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use mlx_rs::{Array, Dtype};
+
+use super::linear::QuantizedMatrix;
+use crate::error::{Error, Result};
+use crate::mlx_ffi::{CudaKernel, TemplateArg};
+
+const SOURCE: &str = include_str!("kernels/quantized_rows.cu");
+
+/// What the kernel needs beyond MLX's default header (which has `cooperative_groups.h`):
+/// `cg::reduce`, MLX's own warp reduction.
+const HEADER: &str = "#include <cooperative_groups/reduce.h>\n";
+
+/// Input rows one block row of the kernel takes (its `ROWS`); output columns per block (its
+/// `COLS_PER_BLOCK`, one warp each).
+const ROWS_PER_BLOCK: i32 = 8;
+const COLS_PER_BLOCK: i32 = 8;
+
+thread_local! {
+    /// Made on first use on the thread that runs the model (MLX objects stay on the thread
+    /// that made them).
+    static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
+    /// [`available`]'s answer on this thread, once asked.
+    static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+fn kernel() -> Result<Rc<CudaKernel>> {
+    KERNEL.with(|k| {
+        if let Some(k) = k.borrow().as_ref() {
+            return Ok(k.clone());
+        }
+        let made = Rc::new(CudaKernel::new(
+            "memexec_quantized_rows",
+            &["x", "w", "scales", "biases"],
+            &["out"],
+            SOURCE,
+            HEADER,
+            true,
+        )?);
+        *k.borrow_mut() = Some(made.clone());
+        Ok(made)
+    })
+}
+
+/// Whether `x` (`[..., k]`) times `matrix` is a product the kernel computes as MLX's one-row
+/// kernel would.
+fn fits(x: &Array, matrix: &QuantizedMatrix) -> bool {
+    let dtype = x.dtype();
+    let (&[n, words], &[n_s, groups], &[n_b, groups_b]) = (
+        matrix.weight.shape(),
+        matrix.scales.shape(),
+        matrix.biases.shape(),
+    ) else {
+        return false;
+    };
+    let group = matrix.params.group_size;
+    matrix.params.bits == 4
+        && matches!(group, 32 | 64 | 128)
+        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
+        && matrix.weight.dtype() == Dtype::Uint32
+        && matrix.scales.dtype() == dtype
+        && matrix.biases.dtype() == dtype
+        && n > 0
+        && n == n_s
+        && n == n_b
+        && groups == groups_b
+        && x.ndim() >= 1
+        && x.shape().last() == Some(&(groups * group))
+        && words * 8 == groups * group
+}
+
+/// `x W^T` over the last axis of `x` in one kernel node, every row with the bits of MLX's
+/// one-row product; `None` when the product is not the kernel's (the caller keeps MLX's op).
+pub(super) fn product(x: &Array, matrix: &QuantizedMatrix) -> Result<Option<Array>> {
+    if !fits(x, matrix) {
+        return Ok(None);
+    }
+    let n = matrix.weight.dim(0);
+    let rows = x.shape()[..x.ndim() - 1].iter().product::<i32>().max(1);
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("fits: x has a last axis") = n;
+    let out = kernel()?.apply(
+        &[x, &matrix.weight, &matrix.scales, &matrix.biases],
+        &[(&shape, x.dtype())],
+        [
+            (n + COLS_PER_BLOCK - 1) / COLS_PER_BLOCK * 32,
+            (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK * ROWS_PER_BLOCK,
+            1,
+        ],
+        [32, COLS_PER_BLOCK, 1],
+        &[
+            ("T", TemplateArg::Dtype(x.dtype())),
+            ("GROUP", TemplateArg::Int(matrix.params.group_size)),
+        ],
+    )?;
+    out.into_iter()
+        .next()
+        .map(Some)
+        .ok_or_else(|| Error::Internal("quantized rows: no output".into()))
+}
+
+/// Whether the kernel runs here and gives MLX's one-row bits ([`self_check`]), asked once per
+/// thread; `MEMEXEC_PRODUCT_KERNEL=0` says no without asking. Logged once when it does not.
+pub fn available() -> bool {
+    AVAILABLE.with(|a| {
+        if let Some(known) = a.get() {
+            return known;
+        }
+        let off = std::env::var("MEMEXEC_PRODUCT_KERNEL").is_ok_and(|v| v.trim() == "0");
+        let known = if off {
+            tracing::info!("batched products: MEMEXEC_PRODUCT_KERNEL=0, rows run in chunks");
+            false
+        } else {
+            match self_check() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::info!(
+                        "batched products: row kernel unavailable ({e}); rows run in chunks"
+                    );
+                    false
+                }
+            }
+        };
+        a.set(Some(known));
+        known
+    })
+}
+
+/// Runs the kernel once on a small case against MLX's product of each row alone: fails where
+/// it cannot compile or run (not an MLX CUDA build) or where any element's bits differ (an
+/// MLX whose one-row kernel changed).
+pub fn self_check() -> Result<()> {
+    use mlx_rs::ops::indexing::TryIndexOp;
+    use mlx_rs::ops::{concatenate, quantize};
+    // Deterministic values in [-0.5, 0.5) from a 32-bit LCG (no MLX random state touched).
+    // 9 rows: two block rows, one of a single row; 704 inputs: a full pass of the 512 a warp
+    // takes at once plus a remainder; 24 outputs: three blocks. bf16 and groups of 64 are the
+    // e4b's, so the kernel compiled here is the one decoding uses.
+    let mut state = 0x9e37_79b9_u32;
+    let mut draw = |shape: &[i32]| -> Result<Array> {
+        let n = shape.iter().product::<i32>() as usize;
+        let data: Vec<f32> = (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        Ok(Array::from_slice(&data, shape).as_dtype(Dtype::Bfloat16)?)
+    };
+    let (rows, n, k) = (9, 24, 704);
+    let x = draw(&[rows, 1, k])?;
+    let (weight, scales, biases) = quantize(&draw(&[n, k])?, 64, 4)?;
+    let matrix = QuantizedMatrix {
+        weight,
+        scales,
+        biases,
+        params: super::config::QuantParams {
+            group_size: 64,
+            bits: 4,
+        },
+    };
+    let ours = product(&x, &matrix)?
+        .ok_or_else(|| Error::Internal("quantized rows: self-check shape rejected".into()))?;
+    let alone = (0..rows)
+        .map(|r| matrix.product(&x.try_index(r..r + 1)?))
+        .collect::<Result<Vec<_>>>()?;
+    let theirs = concatenate(&alone, 0)?;
+    if ours.eq_values(&theirs)? {
+        Ok(())
+    } else {
+        Err(Error::Internal(
+            "quantized rows: kernel differs from MLX's one-row product".into(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::QuantParams;
+
+    fn matrix(n: i32, k: i32, group: i32, bits: i32, dtype: Dtype) -> QuantizedMatrix {
+        let w = mlx_rs::ops::zeros_dtype(&[n, k], dtype).unwrap();
+        let (weight, scales, biases) = mlx_rs::ops::quantize(&w, group, bits).unwrap();
+        QuantizedMatrix {
+            weight,
+            scales,
+            biases,
+            params: QuantParams {
+                group_size: group,
+                bits,
+            },
+        }
+    }
+
+    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
+        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
+    }
+
+    #[test]
+    fn products_outside_the_kernel_keep_mlx_op() {
+        let bf = Dtype::Bfloat16;
+        // 8-bit weights: MLX's one-row kernel rounds them otherwise.
+        assert!(!fits(&zeros(&[8, 1, 256], bf), &matrix(16, 256, 64, 8, bf)));
+        // Input width other than the matrix's.
+        assert!(!fits(&zeros(&[8, 1, 128], bf), &matrix(16, 256, 64, 4, bf)));
+        // Activations of another dtype than the scales.
+        assert!(!fits(
+            &zeros(&[8, 1, 256], Dtype::Float16),
+            &matrix(16, 256, 64, 4, bf)
+        ));
+        // The kernel's own shapes.
+        assert!(fits(&zeros(&[8, 1, 256], bf), &matrix(16, 256, 64, 4, bf)));
+        assert!(fits(&zeros(&[3, 256], bf), &matrix(16, 256, 32, 4, bf)));
+    }
+
+    #[test]
+    fn a_build_without_mlx_cuda_keeps_the_chunks() {
+        if !cfg!(target_os = "linux")
+            || mlx_rs::Device::try_default().is_ok_and(|d| {
+                d.get_type()
+                    .is_ok_and(|t| !matches!(t, mlx_rs::DeviceType::Cpu))
+            })
+        {
+            return; // a GPU build: the kernel may well work here
+        }
+        assert!(self_check().is_err());
+        assert!(!available());
+    }
+}
