@@ -163,17 +163,12 @@ fn prefill_head(
     cache: &mut RowCache,
     step: usize,
     ctx: &ForwardCtx,
-    wait: bool,
 ) -> Result<()> {
     for chunk in head.chunks(step.max(1)) {
         let tokens = ids_array(chunk, &[1, chunk.len() as i32])?;
         // The chunk's logits are never evaluated: only the caches are needed.
         let _ = model.forward(&tokens, &mut [&mut *cache], ctx)?;
-        if wait {
-            cache.eval()?;
-        } else {
-            cache.async_eval()?;
-        }
+        cache.eval()?;
     }
     Ok(())
 }
@@ -192,26 +187,7 @@ pub fn prefill_lazy(
         return Err(Error::InvalidArgument("empty prompt".into()));
     };
     model.check_ids(prompt)?;
-    prefill_head(model, head, cache, step, ctx, true)?;
-    decode_step_lazy(model, &ids_array(&[last], &[1, 1])?, &mut [cache], ctx)
-}
-
-/// [`prefill_lazy`] that waits for nothing: each chunk is queued behind the previous one, so
-/// the host builds the next graph (another row's prefill, a decode step) while the device
-/// computes this one. The same operations on the same arrays as [`prefill_lazy`]: only when
-/// the host waits differs.
-pub fn prefill_queued(
-    model: &Model,
-    prompt: &[u32],
-    cache: &mut RowCache,
-    step: usize,
-    ctx: &ForwardCtx,
-) -> Result<Array> {
-    let Some((&last, head)) = prompt.split_last() else {
-        return Err(Error::InvalidArgument("empty prompt".into()));
-    };
-    model.check_ids(prompt)?;
-    prefill_head(model, head, cache, step, ctx, false)?;
+    prefill_head(model, head, cache, step, ctx)?;
     decode_step_lazy(model, &ids_array(&[last], &[1, 1])?, &mut [cache], ctx)
 }
 
@@ -310,7 +286,7 @@ pub fn greedy_logprobs(
     };
     model.check_ids(prompt)?;
     let mut cache = model.new_cache();
-    prefill_head(model, head, &mut cache, PREFILL_STEP, ctx, true)?;
+    prefill_head(model, head, &mut cache, PREFILL_STEP, ctx)?;
     let dtype = model.info().dtype;
     let mut token = last;
     let mut steps = Vec::with_capacity(max_tokens);

@@ -32,7 +32,7 @@ use mlx_rs::Array;
 use mlx_rs::transforms::async_eval;
 
 use crate::generate::{
-    greedy, prefill_queued, read_tokens, step_picks, DecodeProfile, GenerateOptions, PREFILL_STEP,
+    greedy, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, PREFILL_STEP,
 };
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
 use crate::model::{ForwardCtx, Model, RowCache};
@@ -128,8 +128,6 @@ pub struct Row<T> {
     adapters: AdapterStack,
     prompt_tokens: usize,
     prefill_time: Duration,
-    /// When the row's prefill was queued, until its first token is read.
-    prefill_started: Option<Instant>,
     decode_time: Duration,
 }
 
@@ -179,12 +177,11 @@ impl<T> Row<T> {
     }
 }
 
-/// The result of starting a row: it runs on (its prefill queued, its first token pending), or
-/// it asked for no tokens at all.
+/// The result of prefilling a row: it runs on, or it already ended (first token).
 pub enum Started<T> {
     /// The row joins the running set.
     Running(Row<T>),
-    /// The row ended before its prefill (`max_tokens` 0).
+    /// The row ended at its first token.
     Done(T, RowOutput),
 }
 
@@ -338,11 +335,8 @@ impl<'a> Decoder<'a> {
         self.bytes_per_token.get()
     }
 
-    /// Prefills `req` alone (exactly the serial prefill's operations) without waiting: the
-    /// prefill is queued and its first token stays pending, read (and the serial rule applied
-    /// to it) by the next [`Decoder::step`], like any step's token. So the host builds the
-    /// next row's prefill, or the next decode step, while the device runs this one. On error
-    /// (building the prefill) the tag comes back with it.
+    /// Prefills `req` alone (exactly the serial prefill) and applies the serial rule to its
+    /// first token. On error the tag comes back with it.
     pub fn start<T>(
         &self,
         tag: T,
@@ -358,17 +352,17 @@ impl<'a> Decoder<'a> {
             adapters: req.adapters.clone(),
             prompt_tokens: req.prompt.len(),
             prefill_time: Duration::ZERO,
-            prefill_started: None,
             decode_time: Duration::ZERO,
         };
         if req.max_tokens == 0 {
             let (tag, out) = row.finish(StopReason::MaxTokens);
             return Ok(Started::Done(tag, out));
         }
-        row.prefill_started = Some(Instant::now());
-        let first = match self.ctx(vec![req.adapters]).and_then(|ctx| {
-            prefill_queued(self.model, &req.prompt, &mut row.cache, PREFILL_STEP, &ctx)
-        }) {
+        let started = Instant::now();
+        let first = match self
+            .ctx(vec![req.adapters])
+            .and_then(|ctx| prefill(self.model, &req.prompt, &mut row.cache, PREFILL_STEP, &ctx))
+        {
             Ok(first) => first,
             Err(error) => {
                 return Err(StartError {
@@ -377,18 +371,15 @@ impl<'a> Decoder<'a> {
                 })
             }
         };
+        row.prefill_time = started.elapsed();
         if let Some(per) = (row.cache.nbytes() as u64).checked_div(row.cache.offset() as u64) {
             self.bytes_per_token
                 .set(self.bytes_per_token.get().max(per));
         }
-        row.pending = Some(Pending {
-            picks: Rc::new(Picks {
-                array: first,
-                host: OnceCell::new(),
-            }),
-            index: 0,
-        });
-        Ok(Started::Running(row))
+        Ok(match row.take(first, self.stop_ids) {
+            Ok(row) => Started::Running(row),
+            Err((tag, out)) => Started::Done(tag, out),
+        })
     }
 
     /// Builds and queues one decode forward over the rows marked in `stepping`, in groups of
@@ -485,13 +476,7 @@ impl<'a> Decoder<'a> {
         let mut keep = Vec::with_capacity(rows.len());
         let mut index = 0;
         for ((mut row, token), steps) in rows.drain(..).zip(taken).zip(stepping) {
-            match row.prefill_started.take() {
-                // The first token: its prefill ends here (prefills of rows started together
-                // overlap, so their spans do too).
-                Some(at) if token.is_some() => row.prefill_time = at.elapsed(),
-                Some(at) => row.prefill_started = Some(at),
-                None => row.decode_time += took,
-            }
+            row.decode_time += took;
             let next = match (&queued, steps) {
                 (Some(picks), true) => {
                     index += 1;

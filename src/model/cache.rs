@@ -372,13 +372,6 @@ impl RowCache {
         mlx_rs::transforms::eval(self.arrays())?;
         Ok(())
     }
-
-    /// Queues the evaluation of the cached arrays without waiting for it: what follows builds
-    /// on them while the device computes them.
-    pub fn async_eval(&self) -> Result<()> {
-        mlx_rs::transforms::async_eval(self.arrays())?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
