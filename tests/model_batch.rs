@@ -183,4 +183,22 @@ fn decode_step_graph_has_one_write_per_cache_and_chunked_products() {
     assert!(qmm > 0, "{one:?}");
     assert_eq!(five.count("QuantizedMatmul"), qmm, "{five:?}");
     assert_eq!(chunked.count("QuantizedMatmul"), 3 * qmm, "{chunked:?}");
+    // The row-exact product kernel (MLX CUDA's batched decoder turns it on) is CUDA-only: a
+    // context that asks for it on an MLX without CUDA fails with MLX's error, no wrong tokens.
+    let forced = ctx
+        .clone()
+        .with_product_rows(Some(2))
+        .with_product_kernel(true);
+    let err = decode_step_graph(&model, &prompt, 5, &forced).expect_err("no CUDA here");
+    assert!(err.to_string().contains("cuda kernel"), "{err}");
+}
+
+/// On the CPU the batched decoder never asks for the CUDA product kernel.
+#[test]
+fn the_cpu_decoder_keeps_mlx_products() {
+    let model =
+        Model::load_with(&model_dir("tiny-gemma4-q4-f32"), WeightChoice::Quantized).expect("load");
+    let decoder = memexec::engine::Decoder::new(&model, &[]);
+    assert!(!decoder.product_kernel());
+    assert!(!decoder.base_ctx().product_kernel);
 }
