@@ -237,17 +237,8 @@ pub fn self_check() -> Result<()> {
     // Deterministic values in [-0.25, 0.25) from a 32-bit LCG (no MLX random state touched):
     // scores of a few tenths, a spread-out softmax. Scale 1 and head dim 256 are Gemma-4's
     // sliding layers', so the kernel compiled here is the one decoding uses first.
-    let mut state = 0x2545_f491_u32;
-    let mut draw = |shape: &[i32]| -> Result<Array> {
-        let n = shape.iter().product::<i32>() as usize;
-        let data: Vec<f32> = (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (state >> 8) as f32 / (1u32 << 24) as f32 * 0.5 - 0.25
-            })
-            .collect();
-        Ok(Array::from_slice(&data, shape).as_dtype(Dtype::Bfloat16)?)
-    };
+    let mut lcg = super::check_values::Lcg::new(0x2545_f491);
+    let mut draw = |shape: &[i32]| lcg.bf16(shape, -0.25, 0.5);
     let q = draw(&[1, 4, 1, 256])?;
     let k = draw(&[1, 2, 37, 256])?;
     let v = draw(&[1, 2, 37, 256])?;
@@ -335,12 +326,7 @@ mod tests {
 
     #[test]
     fn a_build_without_mlx_cuda_falls_back_to_mlx_op() {
-        if !cfg!(target_os = "linux")
-            || mlx_rs::Device::try_default().is_ok_and(|d| {
-                d.get_type()
-                    .is_ok_and(|t| !matches!(t, mlx_rs::DeviceType::Cpu))
-            })
-        {
+        if !crate::model::check_values::linux_cpu_build() {
             return; // a GPU build: the kernel may well work here
         }
         assert!(self_check().is_err());

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 pub mod activation;
 pub mod attention;
 pub mod cache;
+mod check_values;
 pub mod config;
 pub mod decode_attention;
 pub mod gemma3;
