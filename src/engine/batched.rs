@@ -206,8 +206,15 @@ pub struct Decoder<'a> {
     profile: Cell<DecodeProfile>,
 }
 
-/// Rows per quantized product of a decode forward on a GPU (see [`Decoder::rows_per_product`]).
-pub const ROWS_PER_PRODUCT: usize = 7;
+/// Rows per quantized product of a decode forward on a GPU (see [`Decoder::rows_per_product`]):
+/// MLX CUDA runs its row-wise `qmv` below 8 rows (`M * B < 8`), Metal below its
+/// `get_qmv_batch_limit` (`mlx/backend/metal/quantized.cpp`), which is 6 on its lowest tier (Apple
+/// GPU generations 13 / 14, not an Ultra, a product with an input or output dimension over 4096:
+/// the e4b's MLP and output head). Metal's limit depends on the chip and the shape, and MLX
+/// exposes no query for it, so the smallest tier's bound holds everywhere. Unverified here (no
+/// Mac): whether Metal's multi-row `qmv` variants give each row its one-row bits; the start-up
+/// batching self-check and `memexec bench`'s identical column are what tell on a Mac.
+pub const ROWS_PER_PRODUCT: usize = if cfg!(target_os = "macos") { 5 } else { 7 };
 
 impl<'a> Decoder<'a> {
     /// A decoder stopping at `stop_ids`, base model only.
@@ -244,7 +251,8 @@ impl<'a> Decoder<'a> {
     /// many rows share its forward, and MLX's quantized matmul picks its GPU kernel by row
     /// count (CUDA: the row-wise `qmv` kernel, the serial path's, while rows < 8; a tiled
     /// `qmm` kernel, which rounds differently, from 8 rows on; `gather_qmm` switches the same
-    /// way, see scripts/gpu/row_kernels.py). Everything else in a forward is row-wise at any
+    /// way, see scripts/gpu/row_kernels.py; Metal: from as few as 6 rows, see
+    /// [`ROWS_PER_PRODUCT`]). Everything else in a forward is row-wise at any
     /// count, so only the products are cut. Default [`ROWS_PER_PRODUCT`] on a GPU, no limit
     /// on the CPU; `MEMEXEC_ROWS_PER_PRODUCT` overrides it (0 = no limit).
     pub fn rows_per_product(&self) -> usize {
