@@ -15,8 +15,10 @@
 //! one MLX-C function on handles owned by live `mlx_rs::Array`s and says why that is sound.
 #![allow(unsafe_code)]
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::CString;
+use std::rc::Rc;
 use std::sync::Once;
 
 use mlx_rs::error::Exception;
@@ -262,6 +264,25 @@ impl CudaKernel {
             Ok(result)
         }
     }
+}
+
+/// Where a module keeps its [`CudaKernel`]: a `thread_local!` slot, filled on first use on the
+/// thread that runs the model (MLX objects stay on the thread that made them).
+pub type KernelSlot = std::thread::LocalKey<RefCell<Option<Rc<CudaKernel>>>>;
+
+/// The kernel in `slot`, made by `make` the first time this thread asks.
+pub fn kernel_in(
+    slot: &'static KernelSlot,
+    make: impl FnOnce() -> Result<CudaKernel>,
+) -> Result<Rc<CudaKernel>> {
+    slot.with(|k| {
+        if let Some(k) = k.borrow().as_ref() {
+            return Ok(k.clone());
+        }
+        let made = Rc::new(make()?);
+        *k.borrow_mut() = Some(made.clone());
+        Ok(made)
+    })
 }
 
 impl Drop for CudaKernel {

@@ -274,13 +274,6 @@ impl<'a> Decoder<'a> {
         self.product_kernel
     }
 
-    /// Sets [`Decoder::product_kernel`] (only where the kernel is available: it stays off
-    /// elsewhere).
-    pub fn with_product_kernel(mut self, on: bool) -> Decoder<'a> {
-        self.product_kernel = on && product_kernel_default(self.model);
-        self
-    }
-
     /// Whether rows holding the same number of keys attend in one op (see
     /// [`ForwardCtx::stacked_attention`]). Default: on the CPU only, where it is exact;
     /// `MEMEXEC_STACKED_ATTENTION=1` / `0` overrides it (e.g. to try a Metal GPU: the start-up

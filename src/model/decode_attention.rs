@@ -23,7 +23,7 @@ use std::rc::Rc;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{CudaKernel, TemplateArg};
+use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/decode_attention.cu");
 
@@ -88,8 +88,7 @@ impl DecodeAttention {
 pub const ROWS_PER_CALL: usize = 8;
 
 thread_local! {
-    /// Made on first use on the thread that runs the model (MLX objects stay on the thread
-    /// that made them).
+    /// The kernel, made on first use (see [`kernel_in`]).
     static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
 }
 
@@ -122,26 +121,21 @@ pub fn source(rows: usize) -> String {
 }
 
 fn kernel() -> Result<Rc<CudaKernel>> {
-    KERNEL.with(|k| {
-        if let Some(k) = k.borrow().as_ref() {
-            return Ok(k.clone());
-        }
+    kernel_in(&KERNEL, || {
         let mut inputs = vec!["q".to_string()];
         for r in 0..ROWS_PER_CALL {
             inputs.push(format!("k{r}"));
             inputs.push(format!("v{r}"));
         }
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        let made = Rc::new(CudaKernel::new(
+        CudaKernel::new(
             "memexec_decode_attention",
             &inputs,
             &["out"],
             &source(ROWS_PER_CALL),
             "",
             false,
-        )?);
-        *k.borrow_mut() = Some(made.clone());
-        Ok(made)
+        )
     })
 }
 

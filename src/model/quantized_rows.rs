@@ -22,7 +22,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::linear::QuantizedMatrix;
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{CudaKernel, TemplateArg};
+use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/quantized_rows.cu");
 
@@ -36,28 +36,22 @@ const ROWS_PER_BLOCK: i32 = 8;
 const COLS_PER_BLOCK: i32 = 8;
 
 thread_local! {
-    /// Made on first use on the thread that runs the model (MLX objects stay on the thread
-    /// that made them).
+    /// The kernel, made on first use (see [`kernel_in`]).
     static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
     /// [`available`]'s answer on this thread, once asked.
     static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 fn kernel() -> Result<Rc<CudaKernel>> {
-    KERNEL.with(|k| {
-        if let Some(k) = k.borrow().as_ref() {
-            return Ok(k.clone());
-        }
-        let made = Rc::new(CudaKernel::new(
+    kernel_in(&KERNEL, || {
+        CudaKernel::new(
             "memexec_quantized_rows",
             &["x", "w", "scales", "biases"],
             &["out"],
             SOURCE,
             HEADER,
             true,
-        )?);
-        *k.borrow_mut() = Some(made.clone());
-        Ok(made)
+        )
     })
 }
 
