@@ -15,10 +15,11 @@ import argparse
 import json
 import os
 import struct
-import time
 
 import mlx.core as mx
 import numpy as np
+
+from device_timing import chain_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = open(os.path.join(ROOT, "src/model/kernels/decode_attention.cu")).read()
@@ -112,21 +113,6 @@ def case(d, n, cap, scale, seed):
     }
 
 
-def chain_time(f, q, k, v, reps, calls=42):
-    def step():
-        x = q
-        for _ in range(calls):
-            x = f(x, k, v)
-        return x
-    mx.eval(step())
-    mx.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        mx.eval(step())
-    mx.synchronize()
-    return (time.perf_counter() - t) / reps / calls * 1e6
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -150,9 +136,9 @@ def main():
         k = mx.array(rng.standard_normal((1, KV_HEADS, n, d)).astype(np.float32)).astype(mx.bfloat16)
         v = mx.array(rng.standard_normal((1, KV_HEADS, n, d)).astype(np.float32)).astype(mx.bfloat16)
         mx.eval(q, k, v)
-        ours = chain_time(lambda x, k, v: kernel_attention(x, k, v, 1.0), q, k, v, a.reps)
-        mlx = chain_time(lambda x, k, v: mx.fast.scaled_dot_product_attention(x, k, v, scale=1.0),
-                         q, k, v, a.reps)
+        ours = chain_time(lambda x: kernel_attention(x, k, v, 1.0), q, a.reps)
+        mlx = chain_time(lambda x: mx.fast.scaled_dot_product_attention(x, k, v, scale=1.0),
+                         q, a.reps)
         results["timing"].append({"head_dim": d, "keys": n, "kernel_us_per_call": ours,
                                   "mlx_us_per_call": mlx})
         print(f"timing D={d} S={n}: kernel {ours:.1f} us/call, mlx sdpa {mlx:.1f} us/call", flush=True)

@@ -20,10 +20,11 @@ Usage: quantized_rows.py [--out FILE] [--reps N]
 import argparse
 import json
 import os
-import time
 
 import mlx.core as mx
 import numpy as np
+
+from device_timing import chain_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = open(os.path.join(ROOT, "src/model/kernels/quantized_rows.cu")).read()
@@ -81,21 +82,6 @@ def case(n, k, rows, seed, group=64, bits=4, dtype=mx.bfloat16, unaligned=False)
         "max_abs_diff": float(np.abs(np.array(ours.astype(mx.float32))
                                      - np.array(alone.astype(mx.float32))).max()),
     }
-
-
-def chain_time(f, x, reps, calls=42):
-    def step():
-        y = x
-        for _ in range(calls):
-            y = f(y)
-        return y
-    mx.eval(step())
-    mx.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        mx.eval(step())
-    mx.synchronize()
-    return (time.perf_counter() - t) / reps / calls * 1e6
 
 
 def main():

@@ -21,9 +21,10 @@ Usage: row_kernels.py [--out FILE] [--device gpu|cpu] [--reps N] [--sdpa-only]
 import argparse
 import json
 import sys
-import time
 
 import mlx.core as mx
+
+from device_timing import timed
 
 # (name, in, out) of e4b's quantized products (../shared/GEMMA4.md shapes).
 SHAPES = [
@@ -37,16 +38,6 @@ SHAPES = [
     ("head (tied embedding)", 2560, 262144),
 ]
 WIDTHS = [2, 3, 7, 8, 12, 16]
-
-
-def timed(f, reps):
-    mx.eval(f())
-    mx.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        mx.eval(f())
-    mx.synchronize()
-    return (time.perf_counter() - t) / reps * 1e6
 
 
 def same(a, b):
