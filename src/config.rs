@@ -42,9 +42,11 @@ pub struct Config {
     /// (see [`crate::model::weight_form`]).
     #[serde(default)]
     pub weights: WeightChoice,
-    /// How decode steps attend: "mlx" (MLX's op, mlx-lm's numeric path) or "kernel" (one
-    /// CUDA kernel node for all rows, MLX CUDA only; see
-    /// [`crate::model::decode_attention`]); absent = `$MEMEXEC_DECODE_ATTENTION`, else "mlx".
+    /// How decode steps attend: "mlx" (MLX's op, mlx-lm's numeric path; on MLX CUDA computed
+    /// as "probs" where that passes its start-up self-check, see
+    /// [`crate::model::attention_probs`]) or "kernel" (one CUDA kernel node for all rows, MLX
+    /// CUDA only, not mlx-lm's bits; see [`crate::model::decode_attention`]); absent =
+    /// `$MEMEXEC_DECODE_ATTENTION`, else "mlx".
     #[serde(default)]
     pub decode_attention: Option<DecodeAttention>,
     /// Limits on what a caller may ask for.

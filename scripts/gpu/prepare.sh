@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Collect, HERE, what travels to the GPU machine (../shared/GPU.md), into the ignored folder
 # .gpu/ as two bundles that each fit one device call (64 MiB with the working tree):
-#   .gpu/send1/  mlx-cuda-13 wheel part 1, the mlx + mlx-lm cp312 wheels, the Gemma-4
-#                tokenizer (tar.xz), the f32 tiny fixture + its mlx-lm oracle (tar.gz)
-#   .gpu/send2/  mlx-cuda-13 wheel part 2, the release binary (xz), the bf16 tiny fixture +
-#                its oracle (tar.gz)
+#   .gpu/send1/  mlx-cuda-13 wheel part 1, the Gemma-4 tokenizer (tar.xz), the f32 tiny
+#                fixture + its mlx-lm oracle (tar.gz)
+#   .gpu/send2/  mlx-cuda-13 wheel part 2, the mlx + mlx-lm cp312 wheels, the release binary
+#                (xz), the bf16 tiny fixture + its oracle (tar.gz)
 # Each bundle holds MANIFEST-<n> (sha256 of its files, the bundle count and a prepare id),
 # so scripts/gpu/remote.sh can check what arrived and tell what is still missing.
 #
@@ -83,7 +83,7 @@ nparts=$(ls "$OUTD/stage"/cuda.part* | wc -l)
 [ "$nparts" = 2 ] || die "expected the CUDA wheel in 2 parts, got $nparts"
 mv "$OUTD/stage/cuda.part0" "$S1/cuda.part0"
 mv "$OUTD/stage/cuda.part1" "$S2/cuda.part1"
-cp "$WHEELS/$MLX_WHL" "$WHEELS/$LM_WHL" "$S1/"
+cp "$WHEELS/$MLX_WHL" "$WHEELS/$LM_WHL" "$S2/"
 tar -C "$DEPS/tokenizers" -cf - gemma4 | xz -T2 -6 >"$S1/tokenizer-gemma4.tar.xz"
 pack_fixture() { # name dest
   mkdir -p "$OUTD/stage/fx/$1/oracle"

@@ -14,6 +14,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use super::cache::{missing_layer, Mask, RowCache};
+use super::attention_probs;
 use super::decode_attention::{self, DecodeAttention};
 use super::rope::Rope;
 use crate::error::{Error, Result};
@@ -171,8 +172,8 @@ pub struct AttentionForm {
     pub decode: DecodeAttention,
 }
 
-/// One row's attention: the decode kernel where `decode` asks for it and the row is a
-/// maskless one-position query of the kernel's shapes, else MLX's op.
+/// One row's attention: the decode kernel (or the probabilities kernel) where `decode` asks
+/// for it and the row is a maskless one-position query of the kernel's shapes, else MLX's op.
 fn attend_one(
     q: &Array,
     k: &Array,
@@ -181,8 +182,13 @@ fn attend_one(
     mask: &Mask,
     decode: DecodeAttention,
 ) -> Result<Array> {
-    if decode == DecodeAttention::Kernel && matches!(mask, Mask::None) {
-        if let Some(o) = decode_attention::attend(q, k, v, scale)? {
+    if matches!(mask, Mask::None) {
+        let kernel = match decode {
+            DecodeAttention::Kernel => decode_attention::attend(q, k, v, scale)?,
+            DecodeAttention::Probs => attention_probs::attend(q, k, v, scale)?,
+            DecodeAttention::Mlx => None,
+        };
+        if let Some(o) = kernel {
             return Ok(o);
         }
     }
@@ -273,7 +279,9 @@ fn missing_row(r: usize) -> Error {
 /// that gives each row the bits of its one-row op only where the backend's attention is
 /// batch-invariant (see [`super::ForwardCtx::stacked_attention`]). With the decode kernel
 /// (`form.decode`, [`decode_attention`]) one-position rows without masks attend in one kernel
-/// node for the whole batch, each row computed alone. Other rows attend alone.
+/// node for the whole batch, each row computed alone; with the probabilities kernel
+/// ([`attention_probs`]) their scores and softmax do, then each row's values product. Other
+/// rows attend alone.
 pub fn attend_rows(
     q: &Array,
     kv: &mut RowKv,
@@ -289,7 +297,7 @@ pub fn attend_rows(
             masks.len()
         )));
     }
-    if form.decode == DecodeAttention::Kernel
+    if form.decode != DecodeAttention::Mlx
         && q.dim(2) == 1
         && masks.iter().all(|m| matches!(m, Mask::None))
     {
@@ -298,7 +306,12 @@ pub fn attend_rows(
         let rows = (0..b)
             .map(|r| kv.row(r).map(|(k, v)| (k, v)).ok_or_else(|| missing_row(r)))
             .collect::<Result<Vec<_>>>()?;
-        if let Some(o) = decode_attention::attend_rows(q, &rows, scale)? {
+        let all = match form.decode {
+            DecodeAttention::Kernel => decode_attention::attend_rows(q, &rows, scale)?,
+            DecodeAttention::Probs => attention_probs::attend_rows(q, &rows, scale)?,
+            DecodeAttention::Mlx => None,
+        };
+        if let Some(o) = all {
             return Ok(o);
         }
     }

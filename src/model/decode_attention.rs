@@ -39,6 +39,10 @@ const THREADS: i32 = 256;
 pub enum DecodeAttention {
     /// MLX's `scaled_dot_product_attention` (mlx-lm's op).
     Mlx,
+    /// MLX's op in fewer graph nodes, with its bits: memexec's kernel for the scores and the
+    /// softmax of every row, MLX's matmul for the values ([`super::attention_probs`]; MLX
+    /// CUDA builds only). Where it passes its self-check, the model takes it for [`Self::Mlx`].
+    Probs,
     /// memexec's one-node CUDA kernel (MLX CUDA builds only).
     Kernel,
 }
@@ -65,17 +69,23 @@ impl DecodeAttention {
         }
     }
 
-    /// `self`, or [`DecodeAttention::Mlx`] when the kernel fails [`self_check`] here (logged).
-    pub fn checked(self) -> DecodeAttention {
-        if self == DecodeAttention::Mlx {
-            return self;
-        }
-        match self_check() {
-            Ok(()) => self,
-            Err(e) => {
-                tracing::warn!("decode attention: kernel unavailable ({e}); using MLX's op");
-                DecodeAttention::Mlx
+    /// The attention a model loaded with this setting uses: [`DecodeAttention::Kernel`] when
+    /// asked for and it passes [`self_check`] here (else logged); otherwise MLX's numbers, as
+    /// [`DecodeAttention::Probs`] on a GPU whose MLX passes that kernel's self-check
+    /// ([`super::attention_probs::available`]), else [`DecodeAttention::Mlx`].
+    pub fn checked(self, on_cpu: bool) -> DecodeAttention {
+        if self == DecodeAttention::Kernel {
+            match self_check() {
+                Ok(()) => return self,
+                Err(e) => {
+                    tracing::warn!("decode attention: kernel unavailable ({e}); using MLX's op");
+                }
             }
+        }
+        if !on_cpu && super::attention_probs::available() {
+            DecodeAttention::Probs
+        } else {
+            DecodeAttention::Mlx
         }
     }
 }
@@ -324,8 +334,15 @@ mod tests {
             return; // a GPU build: the kernel may well work here
         }
         assert!(self_check().is_err());
-        assert_eq!(DecodeAttention::Kernel.checked(), DecodeAttention::Mlx);
-        assert_eq!(DecodeAttention::Mlx.checked(), DecodeAttention::Mlx);
+        for on_cpu in [true, false] {
+            for asked in [
+                DecodeAttention::Kernel,
+                DecodeAttention::Probs,
+                DecodeAttention::Mlx,
+            ] {
+                assert_eq!(asked.checked(on_cpu), DecodeAttention::Mlx, "{asked:?}");
+            }
+        }
     }
 
     #[test]

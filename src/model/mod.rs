@@ -13,6 +13,7 @@ pub mod attention;
 pub mod cache;
 mod check_values;
 pub mod config;
+pub mod attention_probs;
 pub mod decode_attention;
 pub mod gemma3;
 pub mod gemma4;
@@ -232,9 +233,13 @@ impl Model {
         if fused_groups > 0 {
             tracing::info!(groups = fused_groups, "projections: fused");
         }
-        let decode_attention = decode_attention.checked();
-        if decode_attention == DecodeAttention::Kernel {
-            tracing::info!("decode attention: one-node kernel");
+        let decode_attention = decode_attention.checked(facts.cpu);
+        match decode_attention {
+            DecodeAttention::Kernel => tracing::info!("decode attention: one-node kernel"),
+            DecodeAttention::Probs => {
+                tracing::info!("decode attention: MLX's numbers, probabilities kernel")
+            }
+            DecodeAttention::Mlx => {}
         }
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),

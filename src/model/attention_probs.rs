@@ -1,0 +1,354 @@
+//! Decode-step attention on MLX CUDA with MLX's own bits in fewer graph nodes.
+//!
+//! Why: MLX CUDA (0.32.2) has no fused `scaled_dot_product_attention` for Gemma-4's head dims
+//! (256 / 512); it decomposes the op into 12 graph nodes (scale, `q k^T`, softmax, `p v` and
+//! their reshapes / broadcasts). A decode step is bound by MLX's host work per node, and a
+//! batched step attends once per row (MLX CUDA's batched matmuls are not batch-invariant),
+//! so that decomposition is ~500 nodes of a one-row e4b step and ~500 more per extra row.
+//! `kernels/attention_probs.cu` computes the decomposition's first part — the scaled query,
+//! the scores (MLX's `gemv`) and the precise softmax — for every row of a step in ONE node,
+//! each step as MLX's kernel computes it (same lanes, reduction order and roundings); the
+//! probabilities then meet the values in MLX's own matmul, as in the decomposition. So a row's
+//! output has the bits of MLX's op (mlx-lm's numbers: [`self_check`] compares them at start-up
+//! and `scripts/gpu/attention_probs.py` over the e4b's shapes) in 4 nodes per row plus one
+//! per step instead of 12 per row.
+//!
+//! The matmul stays MLX's: it runs cuBLAS, whose summation order memexec cannot reproduce.
+//! Used for one-position queries without a mask (every decode step) when the model resolved
+//! its decode attention to [`super::DecodeAttention::Probs`] at load.
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use mlx_rs::ops::{concatenate, expand_dims};
+use mlx_rs::{Array, Dtype};
+
+use crate::error::{Error, Result};
+use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
+
+const SOURCE: &str = include_str!("kernels/attention_probs.cu");
+
+/// What the kernel needs beyond MLX's default header (which has `cooperative_groups.h`):
+/// `cg::reduce`, MLX's own warp reduction.
+const HEADER: &str = "#include <cooperative_groups/reduce.h>\n";
+
+/// Most keys one row may hold (the kernel keeps the scores in shared memory).
+pub const MAX_KEYS: i32 = 8192;
+
+/// Rows one kernel call takes at most; a wider batch runs in calls of at most this many.
+pub const ROWS_PER_CALL: usize = 8;
+
+/// The row counts a kernel is made for. A call takes the smallest that holds its rows and fills
+/// the unused inputs with row 0's keys (their blocks are not launched) and the unused outputs
+/// with one element. Why not one kernel for all: MLX's host work per call grows with the
+/// kernel's inputs and outputs (their arguments, allocations and source text), and a serial
+/// step makes this call once per layer; why not one per count: MLX compiles a custom kernel
+/// per name and template constants, about a second each on first use in a process.
+const ROW_BUCKETS: [usize; 4] = [1, 2, 4, 8];
+
+/// Threads per block: CUDA's most, which also covers MLX's widest softmax (1024 threads).
+const THREADS: i32 = 1024;
+
+thread_local! {
+    /// The kernels of [`ROW_BUCKETS`], each made on first use (see [`kernel_in`]).
+    static KERNEL_1: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
+    static KERNEL_2: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
+    static KERNEL_4: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
+    static KERNEL_8: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
+    /// [`available`]'s answer on this thread, once asked.
+    static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// `kernels/attention_probs.cu` without its comment lines: MLX copies a custom kernel's whole
+/// source into every call's graph node.
+fn body() -> String {
+    SOURCE
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The kernel's source for `rows` input rows: a prologue that picks the block's row (inputs
+/// `k<r>`, outputs `p<r>`) and defines what `kernels/attention_probs.cu` reads, then that body.
+pub fn source(rows: usize) -> String {
+    let mut s = String::from(
+        "const int heads = q_shape[1];\n\
+         const int row = blockIdx.x / heads;\n\
+         const int h = blockIdx.x % heads;\n\
+         const T* kr;\nT* pr;\nint n_keys, kv_heads;\n\
+         int64_t k_head, k_step;\n\
+         switch (row) {\n",
+    );
+    for r in 0..rows {
+        s.push_str(&format!(
+            "  case {r}: kr = k{r}; pr = p{r}; n_keys = k{r}_shape[2]; kv_heads = k{r}_shape[1];\n\
+             \x20   k_head = k{r}_strides[1]; k_step = k{r}_strides[2]; break;\n"
+        ));
+    }
+    s.push_str(
+        "  default: return;\n}\n\
+         const T* qh = q + row * q_strides[0] + h * q_strides[1];\n\
+         T* ph = pr + h * n_keys;\n",
+    );
+    s.push_str(&body());
+    s
+}
+
+/// The kernel for calls of `rows` rows (at most [`ROWS_PER_CALL`]) and the row count it takes.
+fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
+    let n = ROW_BUCKETS
+        .into_iter()
+        .find(|&n| n >= rows)
+        .unwrap_or(ROWS_PER_CALL);
+    let slot = match n {
+        1 => &KERNEL_1,
+        2 => &KERNEL_2,
+        4 => &KERNEL_4,
+        _ => &KERNEL_8,
+    };
+    let made = kernel_in(slot, || {
+        let inputs: Vec<String> = std::iter::once("q".to_string())
+            .chain((0..n).map(|r| format!("k{r}")))
+            .collect();
+        let outputs: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
+        let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
+        CudaKernel::new(
+            &format!("memexec_attention_probs_{n}"),
+            &inputs,
+            &outputs,
+            &source(n),
+            HEADER,
+            false,
+        )
+    })?;
+    Ok((n, made))
+}
+
+/// Whether one row's `[1, kv_heads, S, D]` keys / values suit the kernel for queries of
+/// `heads` heads of `d` dims in `dtype`.
+fn row_fits(k: &Array, v: &Array, heads: i32, d: i32, dtype: Dtype) -> bool {
+    let (&[1, kv_heads, keys, dk], &[1, kv_v, keys_v, _]) = (k.shape(), v.shape()) else {
+        return false;
+    };
+    dk == d
+        && kv_heads == kv_v
+        && kv_heads > 0
+        && heads % kv_heads == 0
+        && keys == keys_v
+        && (1..=MAX_KEYS).contains(&keys)
+        && k.dtype() == dtype
+        && v.dtype() == dtype
+        // MLX's gemv reads each key whole (it copies keys that are not): the kernel too.
+        && k.strides().last() == Some(&1)
+        && k.strides().get(2) == Some(&(d as usize))
+}
+
+/// `[rows, heads, 1, D]` queries, row `r` over `kv[r]`'s `[1, kv_heads, S_r, D]` keys /
+/// values, no mask: the attention output `[rows, heads, 1, D]` with the bits of MLX's
+/// `scaled_dot_product_attention` of each row alone. `None` when a shape is not the kernel's
+/// (the caller uses MLX's op).
+pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Option<Array>> {
+    let &[rows, heads, 1, d] = q.shape() else {
+        return Ok(None);
+    };
+    let dtype = q.dtype();
+    let fits = rows as usize == kv.len()
+        && rows > 0
+        && d % 128 == 0
+        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16)
+        && q.strides().last() == Some(&1)
+        && kv.iter().all(|(k, v)| row_fits(k, v, heads, d, dtype));
+    if !fits {
+        return Ok(None);
+    }
+    let mut outs = Vec::with_capacity(kv.len());
+    for (c, chunk) in kv.chunks(ROWS_PER_CALL).enumerate() {
+        let qc = if kv.len() > ROWS_PER_CALL {
+            use mlx_rs::ops::indexing::TryIndexOp;
+            let start = (c * ROWS_PER_CALL) as i32;
+            q.try_index(start..start + chunk.len() as i32)?
+        } else {
+            q.clone()
+        };
+        let probs = probabilities(&qc, chunk, scale, dtype)?;
+        for (p, (_, v)) in probs.iter().zip(chunk) {
+            // The decomposition's last steps: `matmul(p, expand_dims(v, 2))`, then the head
+            // groups flattened back into heads.
+            let o = p.matmul(&expand_dims(v, 2)?)?;
+            outs.push(o.reshape(&[1, heads, 1, d])?);
+        }
+    }
+    if outs.len() == 1 {
+        return Ok(outs.pop());
+    }
+    Ok(Some(concatenate(&outs, 0)?))
+}
+
+/// One kernel call over at most [`ROWS_PER_CALL`] rows: row `r`'s probabilities
+/// `[1, kv_heads, heads / kv_heads, 1, S_r]`. Every block gets CUDA's most threads: the
+/// scores take one warp per key, and a decode step's host work does not grow with them.
+fn probabilities(
+    q: &Array,
+    kv: &[(&Array, &Array)],
+    scale: f32,
+    dtype: Dtype,
+) -> Result<Vec<Array>> {
+    let (rows, heads, d) = (q.dim(0), q.dim(1), q.dim(3));
+    let first = kv
+        .first()
+        .ok_or_else(|| Error::Internal("attention probabilities: no rows".into()))?;
+    let (slots, kernel) = kernel(kv.len())?;
+    let mut inputs: Vec<&Array> = Vec::with_capacity(1 + slots);
+    inputs.push(q);
+    let mut shapes: Vec<[i32; 5]> = Vec::with_capacity(slots);
+    for r in 0..slots {
+        match kv.get(r) {
+            Some((k, _)) => {
+                let (groups, keys) = (k.dim(1), k.dim(2));
+                inputs.push(k);
+                shapes.push([1, groups, heads / groups, 1, keys]);
+            }
+            None => {
+                inputs.push(first.0);
+                shapes.push([1, 1, 1, 1, 1]);
+            }
+        }
+    }
+    let outputs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (&s[..], dtype)).collect();
+    let mut out = kernel.apply(
+        &inputs,
+        &outputs,
+        [rows * heads * THREADS, 1, 1],
+        [THREADS, 1, 1],
+        &[
+            ("T", TemplateArg::Dtype(dtype)),
+            ("D", TemplateArg::Int(d)),
+            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+            ("MAX_KEYS", TemplateArg::Int(MAX_KEYS)),
+        ],
+    )?;
+    if out.len() != slots {
+        return Err(Error::Internal(format!(
+            "attention probabilities: {} outputs",
+            out.len()
+        )));
+    }
+    out.truncate(kv.len());
+    Ok(out)
+}
+
+/// [`attend_rows`] for one row: `[1, heads, 1, D]` queries over `[1, kv_heads, S, D]`.
+pub fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Option<Array>> {
+    attend_rows(q, &[(k, v)], scale)
+}
+
+/// Whether the kernel runs here and gives MLX's bits ([`self_check`]), asked once per thread;
+/// `MEMEXEC_PROBS_KERNEL=0` says no without asking. Logged once when it does not.
+pub fn available() -> bool {
+    AVAILABLE.with(|a| {
+        if let Some(known) = a.get() {
+            return known;
+        }
+        let off = std::env::var("MEMEXEC_PROBS_KERNEL").is_ok_and(|v| v.trim() == "0");
+        let known = if off {
+            tracing::info!("decode attention: MEMEXEC_PROBS_KERNEL=0, MLX's op");
+            false
+        } else {
+            match self_check() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::info!(
+                        "decode attention: probabilities kernel unavailable ({e}); MLX's op"
+                    );
+                    false
+                }
+            }
+        };
+        a.set(Some(known));
+        known
+    })
+}
+
+/// Runs the kernel against MLX's `scaled_dot_product_attention` on two small cases (head dims
+/// 256 and 512, Gemma-4's, so the kernels compiled here are the ones decoding uses): fails
+/// where it cannot compile or run (not an MLX CUDA build) or where any element's bits differ
+/// (an MLX whose kernels changed).
+pub fn self_check() -> Result<()> {
+    use mlx_rs::fast::scaled_dot_product_attention;
+    use mlx_rs::ops::indexing::TryIndexOp;
+    let mut lcg = super::check_values::Lcg::new(0x2545_f491);
+    // Keys / values as cache views (a prefix of a longer buffer); MLX's softmax gives 37 keys
+    // one warp and 600 keys four.
+    for (d, keys) in [(256, 37), (512, 600)] {
+        let mut draw = |shape: &[i32]| lcg.bf16(shape, -0.25, 0.5);
+        let q = draw(&[1, 8, 1, d])?;
+        let k = draw(&[1, 2, keys + 19, d])?.try_index((.., .., 0..keys, ..))?;
+        let v = draw(&[1, 2, keys + 19, d])?.try_index((.., .., 0..keys, ..))?;
+        let ours = attend(&q, &k, &v, 1.0)?.ok_or_else(|| {
+            Error::Internal("attention probabilities: self-check shape rejected".into())
+        })?;
+        let theirs = scaled_dot_product_attention(&q, &k, &v, 1.0, None, None)?;
+        if !ours.eq_values(&theirs)? {
+            return Err(Error::Internal(format!(
+                "attention probabilities: output differs from MLX's attention (head dim {d})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
+        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
+    }
+
+    #[test]
+    fn shapes_outside_the_kernel_take_mlx_op() {
+        let bf = Dtype::Bfloat16;
+        let q = zeros(&[1, 8, 1, 256], bf);
+        let kv = zeros(&[1, 2, 10, 256], bf);
+        let call = |q: &Array, k: &Array, v: &Array| attend(q, k, v, 1.0).unwrap().is_none();
+        // f32 activations (MLX's softmax is not "precise" there) and two-position queries.
+        let q32 = zeros(&[1, 8, 1, 256], Dtype::Float32);
+        let kv32 = zeros(&[1, 2, 10, 256], Dtype::Float32);
+        assert!(call(&q32, &kv32, &kv32));
+        assert!(call(&zeros(&[1, 8, 2, 256], bf), &kv, &kv));
+        // Head dim not a multiple of 128; more keys than MAX_KEYS; heads not a multiple.
+        let q96 = zeros(&[1, 8, 1, 96], bf);
+        let kv96 = zeros(&[1, 2, 10, 96], bf);
+        assert!(call(&q96, &kv96, &kv96));
+        let long = zeros(&[1, 2, MAX_KEYS + 1, 256], bf);
+        assert!(call(&q, &long, &long));
+        let kv3 = zeros(&[1, 3, 10, 256], bf);
+        assert!(call(&q, &kv3, &kv3));
+        // A transposed key view (MLX would copy it).
+        let kt = zeros(&[1, 2, 256, 10], bf).transpose_axes(&[0, 1, 3, 2]).unwrap();
+        assert!(call(&q, &kt, &kv));
+    }
+
+    #[test]
+    fn a_build_without_mlx_cuda_falls_back_to_mlx_op() {
+        if !crate::model::check_values::linux_cpu_build() {
+            return; // a GPU build: the kernel may well work here
+        }
+        assert!(self_check().is_err());
+        assert!(!available());
+    }
+
+    #[test]
+    fn each_row_count_gets_the_same_body_after_its_row_switch() {
+        let one = source(1);
+        let eight = source(8);
+        let body = body();
+        assert!(one.ends_with(&body) && eight.ends_with(&body));
+        assert!(eight.contains("case 7: kr = k7; pr = p7;"));
+        assert!(!one.contains("case 1:"));
+        // Only comment lines left out: the code is all there.
+        assert!(!body.contains("// "));
+        assert!(body.contains("cg::reduce(warp, normalizer, plus_op)"));
+    }
+}
