@@ -13,8 +13,8 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
-use super::cache::{missing_layer, Mask, RowCache};
 use super::attention_probs;
+use super::cache::{missing_layer, Mask, RowCache};
 use super::decode_attention::{self, DecodeAttention};
 use super::rope::Rope;
 use crate::error::{Error, Result};

@@ -139,7 +139,8 @@ fn row_fits(k: &Array, v: &Array, heads: i32, d: i32, dtype: Dtype) -> bool {
         && (1..=MAX_KEYS).contains(&keys)
         && k.dtype() == dtype
         && v.dtype() == dtype
-        // MLX's gemv reads each key whole (it copies keys that are not): the kernel too.
+        // Keys stored row by row, as MLX's gemv reads them without a copy. (An unevaluated
+        // array reports row-major strides; the caches' keys are row-major views.)
         && k.strides().last() == Some(&1)
         && k.strides().get(2) == Some(&(d as usize))
 }
@@ -174,15 +175,16 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
         let probs = probabilities(&qc, chunk, scale, dtype)?;
         for (p, (_, v)) in probs.iter().zip(chunk) {
             // The decomposition's last steps: `matmul(p, expand_dims(v, 2))`, then the head
-            // groups flattened back into heads.
-            let o = p.matmul(&expand_dims(v, 2)?)?;
-            outs.push(o.reshape(&[1, heads, 1, d])?);
+            // groups flattened back into heads (once for all rows, after stacking them: the
+            // same values in one view node instead of one per row).
+            outs.push(p.matmul(&expand_dims(v, 2)?)?);
         }
     }
-    if outs.len() == 1 {
-        return Ok(outs.pop());
-    }
-    Ok(Some(concatenate(&outs, 0)?))
+    let o = match outs.len() {
+        1 => outs.pop().ok_or_else(|| Error::Internal("attention: no rows".into()))?,
+        _ => concatenate(&outs, 0)?,
+    };
+    Ok(Some(o.reshape(&[rows, heads, 1, d])?))
 }
 
 /// One kernel call over at most [`ROWS_PER_CALL`] rows: row `r`'s probabilities
@@ -325,8 +327,12 @@ mod tests {
         assert!(call(&q, &long, &long));
         let kv3 = zeros(&[1, 3, 10, 256], bf);
         assert!(call(&q, &kv3, &kv3));
-        // A transposed key view (MLX would copy it).
-        let kt = zeros(&[1, 2, 256, 10], bf).transpose_axes(&[0, 1, 3, 2]).unwrap();
+        // A transposed key view (MLX would copy it), evaluated: an unevaluated array reports
+        // row-major strides.
+        let kt = zeros(&[1, 2, 256, 10], bf)
+            .transpose_axes(&[0, 1, 3, 2])
+            .unwrap();
+        kt.eval().unwrap();
         assert!(call(&q, &kt, &kv));
     }
 

@@ -10,10 +10,10 @@ use crate::error::{Error, Result};
 
 pub mod activation;
 pub mod attention;
+pub mod attention_probs;
 pub mod cache;
 mod check_values;
 pub mod config;
-pub mod attention_probs;
 pub mod decode_attention;
 pub mod gemma3;
 pub mod gemma4;
