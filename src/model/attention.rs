@@ -163,6 +163,62 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask) -> Result<
     })
 }
 
+/// The heads and head dim of `[rows, heads, 1, D]` queries whose rows `kv[r]`
+/// (`[1, kv_heads, S_r, D]` keys, values of as many positions) suit memexec's decode-step
+/// kernels ([`decode_attention`], [`attention_probs`]): bf16 / f16 activations (their 16-byte
+/// loads; MLX's precise softmax), D a multiple of `dim_multiple`, 1 to `max_keys` keys,
+/// grouped-query heads, rows stored with unit last strides; `None` otherwise (MLX's op then).
+/// An unevaluated array reports row-major strides, so only evaluated views are told apart.
+pub(super) fn decode_rows_fit(
+    q: &Array,
+    kv: &[(&Array, &Array)],
+    dim_multiple: i32,
+    max_keys: i32,
+) -> Option<(i32, i32)> {
+    let &[rows, heads, 1, d] = q.shape() else {
+        return None;
+    };
+    let dtype = q.dtype();
+    let row_fits = |(k, v): &(&Array, &Array)| {
+        let (&[1, kv_heads, keys, dk], &[1, kv_v, keys_v, _]) = (k.shape(), v.shape()) else {
+            return false;
+        };
+        dk == d
+            && kv_heads == kv_v
+            && kv_heads > 0
+            && heads % kv_heads == 0
+            && keys == keys_v
+            && (1..=max_keys).contains(&keys)
+            && k.dtype() == dtype
+            && v.dtype() == dtype
+            && k.strides().last() == Some(&1)
+    };
+    let fits = rows as usize == kv.len()
+        && rows > 0
+        && d % dim_multiple == 0
+        && matches!(dtype, mlx_rs::Dtype::Bfloat16 | mlx_rs::Dtype::Float16)
+        && q.strides().last() == Some(&1)
+        && kv.iter().all(row_fits);
+    fits.then_some((heads, d))
+}
+
+/// The template constants both decode-step kernels take: the element type `T`, the head dim
+/// `D`, the f32 scale's bits `SCALE_BITS` and `MAX_KEYS` (the scores they keep in shared memory).
+pub(super) fn kernel_constants(
+    dtype: mlx_rs::Dtype,
+    d: i32,
+    scale: f32,
+    max_keys: i32,
+) -> [(&'static str, crate::mlx_ffi::TemplateArg); 4] {
+    use crate::mlx_ffi::TemplateArg;
+    [
+        ("T", TemplateArg::Dtype(dtype)),
+        ("D", TemplateArg::Int(d)),
+        ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
+        ("MAX_KEYS", TemplateArg::Int(max_keys)),
+    ]
+}
+
 /// How [`attend_rows`] runs the attention of a forward's rows.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionForm {

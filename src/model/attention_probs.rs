@@ -23,7 +23,7 @@ use mlx_rs::ops::{concatenate, expand_dims};
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
+use crate::mlx_ffi::{kernel_in, CudaKernel};
 
 const SOURCE: &str = include_str!("kernels/attention_probs.cu");
 
@@ -125,44 +125,22 @@ fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
     Ok((n, made))
 }
 
-/// Whether one row's `[1, kv_heads, S, D]` keys / values suit the kernel for queries of
-/// `heads` heads of `d` dims in `dtype`.
-fn row_fits(k: &Array, v: &Array, heads: i32, d: i32, dtype: Dtype) -> bool {
-    let (&[1, kv_heads, keys, dk], &[1, kv_v, keys_v, _]) = (k.shape(), v.shape()) else {
-        return false;
-    };
-    dk == d
-        && kv_heads == kv_v
-        && kv_heads > 0
-        && heads % kv_heads == 0
-        && keys == keys_v
-        && (1..=MAX_KEYS).contains(&keys)
-        && k.dtype() == dtype
-        && v.dtype() == dtype
-        // Keys stored row by row, as MLX's gemv reads them without a copy. (An unevaluated
-        // array reports row-major strides; the caches' keys are row-major views.)
-        && k.strides().last() == Some(&1)
-        && k.strides().get(2) == Some(&(d as usize))
-}
-
 /// `[rows, heads, 1, D]` queries, row `r` over `kv[r]`'s `[1, kv_heads, S_r, D]` keys /
 /// values, no mask: the attention output `[rows, heads, 1, D]` with the bits of MLX's
 /// `scaled_dot_product_attention` of each row alone. `None` when a shape is not the kernel's
 /// (the caller uses MLX's op).
 pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Option<Array>> {
-    let &[rows, heads, 1, d] = q.shape() else {
+    let Some((heads, d)) = super::attention::decode_rows_fit(q, kv, 128, MAX_KEYS) else {
         return Ok(None);
     };
-    let dtype = q.dtype();
-    let fits = rows as usize == kv.len()
-        && rows > 0
-        && d % 128 == 0
-        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16)
-        && q.strides().last() == Some(&1)
-        && kv.iter().all(|(k, v)| row_fits(k, v, heads, d, dtype));
-    if !fits {
+    // Keys stored row by row, as MLX's gemv reads them without a copy (the caches' are).
+    if !kv
+        .iter()
+        .all(|(k, _)| k.strides().get(2) == Some(&(d as usize)))
+    {
         return Ok(None);
     }
+    let (rows, dtype) = (q.dim(0), q.dtype());
     let mut outs = Vec::with_capacity(kv.len());
     for (c, chunk) in kv.chunks(ROWS_PER_CALL).enumerate() {
         let qc = if kv.len() > ROWS_PER_CALL {
@@ -181,7 +159,9 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
         }
     }
     let o = match outs.len() {
-        1 => outs.pop().ok_or_else(|| Error::Internal("attention: no rows".into()))?,
+        1 => outs
+            .pop()
+            .ok_or_else(|| Error::Internal("attention: no rows".into()))?,
         _ => concatenate(&outs, 0)?,
     };
     Ok(Some(o.reshape(&[rows, heads, 1, d])?))
@@ -223,12 +203,7 @@ fn probabilities(
         &outputs,
         [rows * heads * THREADS, 1, 1],
         [THREADS, 1, 1],
-        &[
-            ("T", TemplateArg::Dtype(dtype)),
-            ("D", TemplateArg::Int(d)),
-            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
-            ("MAX_KEYS", TemplateArg::Int(MAX_KEYS)),
-        ],
+        &super::attention::kernel_constants(dtype, d, scale, MAX_KEYS),
     )?;
     if out.len() != slots {
         return Err(Error::Internal(format!(
@@ -248,28 +223,13 @@ pub fn attend(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Option<Arra
 /// Whether the kernel runs here and gives MLX's bits ([`self_check`]), asked once per thread;
 /// `MEMEXEC_PROBS_KERNEL=0` says no without asking. Logged once when it does not.
 pub fn available() -> bool {
-    AVAILABLE.with(|a| {
-        if let Some(known) = a.get() {
-            return known;
-        }
-        let off = std::env::var("MEMEXEC_PROBS_KERNEL").is_ok_and(|v| v.trim() == "0");
-        let known = if off {
-            tracing::info!("decode attention: MEMEXEC_PROBS_KERNEL=0, MLX's op");
-            false
-        } else {
-            match self_check() {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::info!(
-                        "decode attention: probabilities kernel unavailable ({e}); MLX's op"
-                    );
-                    false
-                }
-            }
-        };
-        a.set(Some(known));
-        known
-    })
+    super::check_values::passes_once(
+        &AVAILABLE,
+        "MEMEXEC_PROBS_KERNEL",
+        "decode attention",
+        "MLX's op",
+        self_check,
+    )
 }
 
 /// Runs the kernel against MLX's `scaled_dot_product_attention` on two small cases (head dims
@@ -303,10 +263,7 @@ pub fn self_check() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
-        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
-    }
+    use crate::model::check_values::zeros;
 
     #[test]
     fn shapes_outside_the_kernel_take_mlx_op() {

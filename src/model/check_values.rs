@@ -1,7 +1,11 @@
-//! Deterministic inputs for the start-up self-checks of memexec's CUDA kernels.
+//! The start-up self-checks of memexec's CUDA kernels: their deterministic inputs and their
+//! once-per-thread answer.
 //!
 //! Why not MLX's random numbers: a self-check runs inside a user's process and must not move
 //! MLX's global random state; a 32-bit LCG gives the same values on every machine.
+use std::cell::Cell;
+use std::thread::LocalKey;
+
 use mlx_rs::{Array, Dtype};
 
 use crate::error::Result;
@@ -29,6 +33,37 @@ impl Lcg {
     }
 }
 
+/// Whether a kernel runs here and matches MLX (`check` passes), asked once per thread and kept
+/// in `slot`; the variable `off` set to `0` says no without asking. A no is logged once at
+/// `info` as `{what}: ...; {otherwise}`.
+pub(super) fn passes_once(
+    slot: &'static LocalKey<Cell<Option<bool>>>,
+    off: &str,
+    what: &str,
+    otherwise: &str,
+    check: impl FnOnce() -> Result<()>,
+) -> bool {
+    slot.with(|known| {
+        if let Some(answer) = known.get() {
+            return answer;
+        }
+        let answer = if std::env::var(off).is_ok_and(|v| v.trim() == "0") {
+            tracing::info!("{what}: {off}=0; {otherwise}");
+            false
+        } else {
+            match check() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::info!("{what}: kernel unavailable ({e}); {otherwise}");
+                    false
+                }
+            }
+        };
+        known.set(Some(answer));
+        answer
+    })
+}
+
 /// Whether this is a Linux build whose MLX runs on the CPU: there MLX has no CUDA, so every
 /// CUDA kernel's self-check must fail (on a GPU build it may well pass).
 #[cfg(test)]
@@ -38,4 +73,10 @@ pub(super) fn linux_cpu_build() -> bool {
             d.get_type()
                 .is_ok_and(|t| !matches!(t, mlx_rs::DeviceType::Cpu))
         })
+}
+
+/// Zeros of `shape` and `dtype`: inputs for the kernels' shape tests.
+#[cfg(test)]
+pub(super) fn zeros(shape: &[i32], dtype: Dtype) -> Array {
+    mlx_rs::ops::zeros_dtype(shape, dtype).expect("zeros")
 }

@@ -23,7 +23,7 @@ use std::rc::Rc;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
+use crate::mlx_ffi::{kernel_in, CudaKernel};
 
 const SOURCE: &str = include_str!("kernels/decode_attention.cu");
 
@@ -149,43 +149,21 @@ fn kernel() -> Result<Rc<CudaKernel>> {
     })
 }
 
-/// Whether one row's `[1, kv_heads, S, D]` keys / values suit the kernel for queries of
-/// `heads` heads of `d` dims in `dtype`.
-fn row_fits(k: &Array, v: &Array, heads: i32, d: i32, dtype: Dtype) -> bool {
-    let (&[1, kv_heads, keys, dk], &[1, kv_v, keys_v, dv]) = (k.shape(), v.shape()) else {
-        return false;
-    };
-    dk == d
-        && dv == d
-        && kv_heads == kv_v
-        && kv_heads > 0
-        && heads % kv_heads == 0
-        && keys == keys_v
-        && (1..=MAX_KEYS).contains(&keys)
-        && k.dtype() == dtype
-        && v.dtype() == dtype
-        && k.strides().last() == Some(&1)
-        && v.strides().last() == Some(&1)
-}
-
 /// `[rows, heads, 1, D]` queries, row `r` over `kv[r]`'s `[1, kv_heads, S_r, D]` keys /
 /// values, no mask: one kernel node per [`ROWS_PER_CALL`] rows. `None` when a shape is not the
 /// kernel's (the caller uses MLX's op).
 pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Option<Array>> {
-    let &[rows, heads, 1, d] = q.shape() else {
+    let Some((_, d)) = super::attention::decode_rows_fit(q, kv, 256, MAX_KEYS) else {
         return Ok(None);
     };
-    let dtype = q.dtype();
-    let fits = rows as usize == kv.len()
-        && rows > 0
-        && d % 256 == 0
-        // The kernel's 16-byte loads hold 8 elements: 2-byte types only.
-        && matches!(dtype, Dtype::Bfloat16 | Dtype::Float16)
-        && q.strides().last() == Some(&1)
-        && kv.iter().all(|(k, v)| row_fits(k, v, heads, d, dtype));
-    if !fits {
+    // The kernel reads values as it reads keys.
+    if !kv
+        .iter()
+        .all(|(_, v)| v.dim(3) == d && v.strides().last() == Some(&1))
+    {
         return Ok(None);
     }
+    let dtype = q.dtype();
     if kv.len() > ROWS_PER_CALL {
         use mlx_rs::ops::indexing::TryIndexOp;
         let mut outs = Vec::with_capacity(kv.len().div_ceil(ROWS_PER_CALL));
@@ -217,12 +195,7 @@ fn call(q: &Array, kv: &[(&Array, &Array)], scale: f32, dtype: Dtype) -> Result<
         &[(q.shape(), dtype)],
         [rows * heads * THREADS, 1, 1],
         [THREADS, 1, 1],
-        &[
-            ("T", TemplateArg::Dtype(dtype)),
-            ("D", TemplateArg::Int(d)),
-            ("SCALE_BITS", TemplateArg::Int(scale.to_bits() as i32)),
-            ("MAX_KEYS", TemplateArg::Int(MAX_KEYS)),
-        ],
+        &super::attention::kernel_constants(dtype, d, scale, MAX_KEYS),
     )?;
     out.into_iter()
         .next()
@@ -267,10 +240,7 @@ pub fn self_check() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
-        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
-    }
+    use crate::model::check_values::zeros;
 
     #[test]
     fn only_kernel_asks_for_the_kernel() {

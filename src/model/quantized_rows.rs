@@ -115,28 +115,13 @@ pub(super) fn product(x: &Array, matrix: &QuantizedMatrix) -> Result<Option<Arra
 /// Whether the kernel runs here and gives MLX's one-row bits ([`self_check`]), asked once per
 /// thread; `MEMEXEC_PRODUCT_KERNEL=0` says no without asking. Logged once when it does not.
 pub fn available() -> bool {
-    AVAILABLE.with(|a| {
-        if let Some(known) = a.get() {
-            return known;
-        }
-        let off = std::env::var("MEMEXEC_PRODUCT_KERNEL").is_ok_and(|v| v.trim() == "0");
-        let known = if off {
-            tracing::info!("batched products: MEMEXEC_PRODUCT_KERNEL=0, rows run in chunks");
-            false
-        } else {
-            match self_check() {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::info!(
-                        "batched products: row kernel unavailable ({e}); rows run in chunks"
-                    );
-                    false
-                }
-            }
-        };
-        a.set(Some(known));
-        known
-    })
+    super::check_values::passes_once(
+        &AVAILABLE,
+        "MEMEXEC_PRODUCT_KERNEL",
+        "batched products",
+        "rows run in chunks",
+        self_check,
+    )
 }
 
 /// Runs the kernel once on a small case against MLX's product of each row alone: fails where
@@ -181,6 +166,7 @@ pub fn self_check() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::check_values::zeros;
     use crate::model::config::QuantParams;
 
     fn matrix(n: i32, k: i32, group: i32, bits: i32, dtype: Dtype) -> QuantizedMatrix {
@@ -195,10 +181,6 @@ mod tests {
                 bits,
             },
         }
-    }
-
-    fn zeros(shape: &[i32], dtype: Dtype) -> Array {
-        mlx_rs::ops::zeros_dtype(shape, dtype).unwrap()
     }
 
     #[test]
