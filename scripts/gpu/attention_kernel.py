@@ -14,17 +14,16 @@ Usage: attention_kernel.py [--out FILE] [--reps N]
 import argparse
 import json
 import os
-import struct
 
 import mlx.core as mx
 import numpy as np
 
+from attention_cases import HEADS, KV_HEADS, cache_case, normal_bf16, scale_bits
 from device_timing import chain_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = open(os.path.join(ROOT, "src/model/kernels/decode_attention.cu")).read()
 MAX_KEYS = 8192
-HEADS, KV_HEADS = 8, 2
 
 
 
@@ -47,10 +46,6 @@ KERNEL = mx.fast.cuda_kernel(
     name="memexec_decode_attention",
     input_names=["q"] + [n for r in range(ROWS_PER_CALL) for n in (f"k{r}", f"v{r}")],
     output_names=["out"], source=source(ROWS_PER_CALL), ensure_row_contiguous=False)
-
-
-def scale_bits(scale):
-    return struct.unpack("<i", struct.pack("<f", scale))[0]
 
 
 def kernel_attention(q, k, v, scale):
@@ -84,12 +79,7 @@ def reference(q, k, v, scale):
 
 
 def case(d, n, cap, scale, seed):
-    rng = np.random.default_rng(seed)
-    q = mx.array(rng.standard_normal((1, HEADS, 1, d)).astype(np.float32)).astype(mx.bfloat16)
-    kb = mx.array(rng.standard_normal((1, KV_HEADS, cap, d)).astype(np.float32)).astype(mx.bfloat16)
-    vb = mx.array(rng.standard_normal((1, KV_HEADS, cap, d)).astype(np.float32)).astype(mx.bfloat16)
-    k, v = kb[:, :, :n, :], vb[:, :, :n, :]
-    mx.eval(q, k, v)
+    q, k, v, kb, vb = cache_case(seed, d, n, cap)
     ours = kernel_attention(q, k, v, scale)
     mlx = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
     mx.eval(ours, mlx)
@@ -132,9 +122,9 @@ def main():
                       f"repeatable {r['repeatable']}  same in a batch {r['same_in_a_batch']}", flush=True)
     for d, n in ((256, 512), (512, 1000)):
         rng = np.random.default_rng(1)
-        q = mx.array(rng.standard_normal((1, HEADS, 1, d)).astype(np.float32)).astype(mx.bfloat16)
-        k = mx.array(rng.standard_normal((1, KV_HEADS, n, d)).astype(np.float32)).astype(mx.bfloat16)
-        v = mx.array(rng.standard_normal((1, KV_HEADS, n, d)).astype(np.float32)).astype(mx.bfloat16)
+        q = normal_bf16(rng, (1, HEADS, 1, d))
+        k = normal_bf16(rng, (1, KV_HEADS, n, d))
+        v = normal_bf16(rng, (1, KV_HEADS, n, d))
         mx.eval(q, k, v)
         ours = chain_time(lambda x: kernel_attention(x, k, v, 1.0), q, a.reps)
         mlx = chain_time(lambda x: mx.fast.scaled_dot_product_attention(x, k, v, scale=1.0),

@@ -19,18 +19,17 @@ Usage: attention_probs.py [--out FILE] [--reps N] [--variant literal|...]
 import argparse
 import json
 import os
-import struct
 
 import mlx.core as mx
 import numpy as np
 
+from attention_cases import HEADS, KV_HEADS, cache_case, normal_bf16, scale_bits
 from device_timing import timed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BODY = open(os.path.join(ROOT, "src/model/kernels/attention_probs.cu")).read()
 HEADER = "#include <cooperative_groups/reduce.h>\n"  # src/model/attention_probs.rs HEADER
 MAX_KEYS = 8192
-HEADS, KV_HEADS = 8, 2
 ROWS_PER_CALL = 8  # src/model/attention_probs.rs
 
 VARIANTS = {
@@ -74,17 +73,6 @@ def make_kernel(variant):
         source=source(ROWS_PER_CALL, variant), header=HEADER, ensure_row_contiguous=False)
 
 
-def softmax_threads(n, reads=8):
-    t = 32
-    while t < 1024 and t * reads < n:
-        t *= 2
-    return t
-
-
-def scale_bits(scale):
-    return struct.unpack("<i", struct.pack("<f", scale))[0]
-
-
 def kernel_probs(kernel, q, ks, scale):
     """q [B, H, 1, D]; ks: B arrays [1, G, S_r, D] -> B arrays [1, G, H / G, 1, S_r]."""
     rows, d = len(ks), q.shape[-1]
@@ -124,12 +112,7 @@ def equal(a, b):
 
 
 def case(kernel, d, n, cap, scale, seed):
-    rng = np.random.default_rng(seed)
-    q = mx.array(rng.standard_normal((1, HEADS, 1, d)).astype(np.float32)).astype(mx.bfloat16)
-    kb = mx.array(rng.standard_normal((1, KV_HEADS, cap, d)).astype(np.float32)).astype(mx.bfloat16)
-    vb = mx.array(rng.standard_normal((1, KV_HEADS, cap, d)).astype(np.float32)).astype(mx.bfloat16)
-    k, v = kb[:, :, :n, :], vb[:, :, :n, :]
-    mx.eval(q, k, v)
+    q, k, v, kb, vb = cache_case(seed, d, n, cap)
     (ours,) = kernel_probs(kernel, q, [k], scale)
     theirs = mlx_probs(q, k, scale)
     out_ours = times_values(ours, v)
@@ -158,8 +141,8 @@ def sweep_probs(kernel, n):
     for i in range(n):
         d = (256, 512)[i % 2]
         keys = int(rng.integers(300, 4001))
-        q = mx.array(rng.standard_normal((1, HEADS, 1, d)).astype(np.float32) * 0.5).astype(mx.bfloat16)
-        k = mx.array(rng.standard_normal((1, KV_HEADS, keys, d)).astype(np.float32)).astype(mx.bfloat16)
+        q = normal_bf16(rng, (1, HEADS, 1, d), 0.5)
+        k = normal_bf16(rng, (1, KV_HEADS, keys, d))
         (ours,) = kernel_probs(kernel, q, [k], 1.0)
         theirs = mlx_probs(q, k, 1.0)
         a = np.array(ours.view(mx.uint16))
@@ -176,11 +159,9 @@ def layer_timing(kernel, rows, n, d, reps):
     """One layer's attention for `rows` rows of `n` keys: MLX's op per row (memexec's default
     before this kernel) vs the kernel + a matmul per row; host + device microseconds."""
     rng = np.random.default_rng(rows)
-    q = mx.array(rng.standard_normal((rows, HEADS, 1, d)).astype(np.float32)).astype(mx.bfloat16)
-    ks = [mx.array(rng.standard_normal((1, KV_HEADS, n + r, d)).astype(np.float32)).astype(mx.bfloat16)
-          for r in range(rows)]
-    vs = [mx.array(rng.standard_normal((1, KV_HEADS, n + r, d)).astype(np.float32)).astype(mx.bfloat16)
-          for r in range(rows)]
+    q = normal_bf16(rng, (rows, HEADS, 1, d))
+    ks = [normal_bf16(rng, (1, KV_HEADS, n + r, d)) for r in range(rows)]
+    vs = [normal_bf16(rng, (1, KV_HEADS, n + r, d)) for r in range(rows)]
     mx.eval(q, *ks, *vs)
 
     def per_row():

@@ -219,6 +219,43 @@ pub(super) fn kernel_constants(
     ]
 }
 
+/// Each row's keys and values, in row order, as the decode-step kernels take them.
+pub(super) type KvRows<'a> = [(&'a Array, &'a Array)];
+
+/// `q`'s rows and `kv` in calls of at most `per_call` rows each (one call when they fit):
+/// what a decode-step kernel taking at most that many rows runs, in order.
+pub(super) fn row_calls<'a>(
+    q: &Array,
+    kv: &'a KvRows<'a>,
+    per_call: usize,
+) -> Result<Vec<(Array, &'a KvRows<'a>)>> {
+    if kv.len() <= per_call {
+        return Ok(vec![(q.clone(), kv)]);
+    }
+    kv.chunks(per_call)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let start = (c * per_call) as i32;
+            Ok((q.try_index(start..start + chunk.len() as i32)?, chunk))
+        })
+        .collect()
+}
+
+/// The attention of one-position, maskless rows by the decode kernel `decode` names, `None`
+/// for MLX's op or where the rows' shapes are not the kernel's.
+fn decode_kernel(
+    decode: DecodeAttention,
+    q: &Array,
+    rows: &[(&Array, &Array)],
+    scale: f32,
+) -> Result<Option<Array>> {
+    match decode {
+        DecodeAttention::Kernel => decode_attention::attend_rows(q, rows, scale),
+        DecodeAttention::Probs => attention_probs::attend_rows(q, rows, scale),
+        DecodeAttention::Mlx => Ok(None),
+    }
+}
+
 /// How [`attend_rows`] runs the attention of a forward's rows.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionForm {
@@ -239,12 +276,7 @@ fn attend_one(
     decode: DecodeAttention,
 ) -> Result<Array> {
     if matches!(mask, Mask::None) {
-        let kernel = match decode {
-            DecodeAttention::Kernel => decode_attention::attend(q, k, v, scale)?,
-            DecodeAttention::Probs => attention_probs::attend(q, k, v, scale)?,
-            DecodeAttention::Mlx => None,
-        };
-        if let Some(o) = kernel {
+        if let Some(o) = decode_kernel(decode, q, &[(k, v)], scale)? {
             return Ok(o);
         }
     }
@@ -362,12 +394,7 @@ pub fn attend_rows(
         let rows = (0..b)
             .map(|r| kv.row(r).map(|(k, v)| (k, v)).ok_or_else(|| missing_row(r)))
             .collect::<Result<Vec<_>>>()?;
-        let all = match form.decode {
-            DecodeAttention::Kernel => decode_attention::attend_rows(q, &rows, scale)?,
-            DecodeAttention::Probs => attention_probs::attend_rows(q, &rows, scale)?,
-            DecodeAttention::Mlx => None,
-        };
-        if let Some(o) = all {
+        if let Some(o) = decode_kernel(form.decode, q, &rows, scale)? {
             return Ok(o);
         }
     }

@@ -19,7 +19,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use mlx_rs::ops::{concatenate, expand_dims};
+use mlx_rs::ops::expand_dims;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
@@ -140,43 +140,24 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
     {
         return Ok(None);
     }
-    let (rows, dtype) = (q.dim(0), q.dtype());
     let mut outs = Vec::with_capacity(kv.len());
-    for (c, chunk) in kv.chunks(ROWS_PER_CALL).enumerate() {
-        let qc = if kv.len() > ROWS_PER_CALL {
-            use mlx_rs::ops::indexing::TryIndexOp;
-            let start = (c * ROWS_PER_CALL) as i32;
-            q.try_index(start..start + chunk.len() as i32)?
-        } else {
-            q.clone()
-        };
-        let probs = probabilities(&qc, chunk, scale, dtype)?;
-        for (p, (_, v)) in probs.iter().zip(chunk) {
+    for (qc, chunk) in super::attention::row_calls(q, kv, ROWS_PER_CALL)? {
+        for (p, (_, v)) in probabilities(&qc, chunk, scale)?.iter().zip(chunk) {
             // The decomposition's last steps: `matmul(p, expand_dims(v, 2))`, then the head
             // groups flattened back into heads (once for all rows, after stacking them: the
             // same values in one view node instead of one per row).
             outs.push(p.matmul(&expand_dims(v, 2)?)?);
         }
     }
-    let o = match outs.len() {
-        1 => outs
-            .pop()
-            .ok_or_else(|| Error::Internal("attention: no rows".into()))?,
-        _ => concatenate(&outs, 0)?,
-    };
-    Ok(Some(o.reshape(&[rows, heads, 1, d])?))
+    let o = super::attention::stack_rows(outs)?;
+    Ok(Some(o.reshape(&[q.dim(0), heads, 1, d])?))
 }
 
 /// One kernel call over at most [`ROWS_PER_CALL`] rows: row `r`'s probabilities
 /// `[1, kv_heads, heads / kv_heads, 1, S_r]`. Every block gets CUDA's most threads: the
 /// scores take one warp per key, and a decode step's host work does not grow with them.
-fn probabilities(
-    q: &Array,
-    kv: &[(&Array, &Array)],
-    scale: f32,
-    dtype: Dtype,
-) -> Result<Vec<Array>> {
-    let (rows, heads, d) = (q.dim(0), q.dim(1), q.dim(3));
+fn probabilities(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Vec<Array>> {
+    let (rows, heads, d, dtype) = (q.dim(0), q.dim(1), q.dim(3), q.dtype());
     let first = kv
         .first()
         .ok_or_else(|| Error::Internal("attention probabilities: no rows".into()))?;

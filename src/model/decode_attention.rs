@@ -163,23 +163,16 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
     {
         return Ok(None);
     }
-    let dtype = q.dtype();
-    if kv.len() > ROWS_PER_CALL {
-        use mlx_rs::ops::indexing::TryIndexOp;
-        let mut outs = Vec::with_capacity(kv.len().div_ceil(ROWS_PER_CALL));
-        for (c, kvs) in kv.chunks(ROWS_PER_CALL).enumerate() {
-            let start = (c * ROWS_PER_CALL) as i32;
-            let qc = q.try_index(start..start + kvs.len() as i32)?;
-            outs.push(call(&qc, kvs, scale, dtype)?);
-        }
-        return Ok(Some(mlx_rs::ops::concatenate(&outs, 0)?));
-    }
-    call(q, kv, scale, dtype).map(Some)
+    let outs = super::attention::row_calls(q, kv, ROWS_PER_CALL)?
+        .iter()
+        .map(|(qc, kvs)| call(qc, kvs, scale))
+        .collect::<Result<Vec<_>>>()?;
+    super::attention::stack_rows(outs).map(Some)
 }
 
 /// One kernel call over at most [`ROWS_PER_CALL`] rows that suit it.
-fn call(q: &Array, kv: &[(&Array, &Array)], scale: f32, dtype: Dtype) -> Result<Array> {
-    let (rows, heads, d) = (q.dim(0), q.dim(1), q.dim(3));
+fn call(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Array> {
+    let (rows, heads, d, dtype) = (q.dim(0), q.dim(1), q.dim(3), q.dtype());
     let first = kv
         .first()
         .ok_or_else(|| Error::Internal("decode attention: no rows".into()))?;
