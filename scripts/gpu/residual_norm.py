@@ -13,8 +13,8 @@ and the next norm, y also as a strided view:
     that differs from MLX's);
   - host + device time of a chain of 42 updates (a one-row e4b step's worth of one of them):
     MLX's four ops vs the kernel.
-`--variant nofma` sums the squares without fma contraction: the control that shows the check
-can fail.
+`--variant nofma` sums the squares without fma contraction, `plain` uses T's plain operators (which
+NVRTC contracts into fmas): controls that show the check can fail.
 
 Usage: residual_norm.py [--out FILE] [--variant literal,nofma] [--sweep N] [--reps N] [--quick]
 """
@@ -31,12 +31,15 @@ from device_timing import chain_time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BODY = "\n".join(l for l in open(os.path.join(ROOT, "src/model/kernels/residual_norm.cu"))
                  .read().splitlines() if not l.lstrip().startswith("//"))
-HEADER = "#include <cooperative_groups/reduce.h>\n"  # src/model/residual_norm.rs HEADER
+HEADER = "#include <cooperative_groups/reduce.h>\n#include <cuda/std/type_traits>\n"  # residual_norm.rs
 EPS = 1e-6
 
 VARIANTS = {
     "literal": [],
     "nofma": [("sum = __fmaf_rn(f, f, sum);", "sum = __fadd_rn(sum, __fmul_rn(f, f));")],
+    # T's plain operators, which NVRTC may fuse into an fma (the first version's mistake).
+    "plain": [("return __fmul_rn(a, b);", "return a * b;"), ("return __hmul_rn(a, b);", "return a * b;"),
+              ("return __fadd_rn(a, b);", "return a + b;"), ("return __hadd_rn(a, b);", "return a + b;")],
 }
 
 

@@ -25,7 +25,7 @@ const SOURCE: &str = include_str!("kernels/residual_norm.cu");
 
 /// What the kernel needs beyond MLX's default header (which has `cooperative_groups.h`):
 /// `cg::reduce`, MLX's own block reduction.
-const HEADER: &str = "#include <cooperative_groups/reduce.h>\n";
+const HEADER: &str = "#include <cooperative_groups/reduce.h>\n#include <cuda/std/type_traits>\n";
 
 thread_local! {
     /// The kernel without the next norm's output, made on first use (see [`kernel_in`]).

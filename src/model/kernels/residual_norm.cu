@@ -17,8 +17,9 @@
 // (BLOCK * i + t) * N_READS for i < CHUNKS (zeros past D), sums their f32 squares in that order
 // with fma, the block sums with `cg::reduce` per warp then over the warps' sums, the normalizer
 // is rsqrt(sum / D + eps), an output element is `w * T(x * normalizer)`; the add and the
-// multiply are T's own operators (MLX's `x + y`, `x * y`). Explicit `_rn` intrinsics keep the
-// roundings whatever NVRTC's flags. Each block reads its own row only: a row's bits do not
+// multiply are T's own operations (MLX's `x + y`, `x * y`), each rounded once: explicit `_rn`
+// intrinsics keep the roundings whatever NVRTC's flags and stop it fusing a product and an add
+// that MLX runs in separate kernels. Each block reads its own row only: a row's bits do not
 // depend on the batch.
 constexpr int N_READS = 16 / sizeof(T);
 constexpr int WARPS = BLOCK / 32;
@@ -58,14 +59,63 @@ for (int a = y_ndim - 2, rest = row; a >= 0; --a) {
 const int64_t h_step = h_strides[h_ndim - 1];
 const int64_t y_step = y_strides[y_ndim - 1];
 
-T v[CHUNKS][N_READS];
+// T's own operators with one rounding each, never contracted into an fma (MLX runs the
+// norm's product, the add and the multiply as separate kernels).
+auto mul = [](T a, T b) -> T {
+  if constexpr (cuda::std::is_same_v<T, float>) {
+    return __fmul_rn(a, b);
+  } else {
+    return __hmul_rn(a, b);
+  }
+};
+auto add = [](T a, T b) -> T {
+  if constexpr (cuda::std::is_same_v<T, float>) {
+    return __fadd_rn(a, b);
+  } else {
+    return __hadd_rn(a, b);
+  }
+};
+// N_READS elements from vector index `vec` of a row at `p` (element step `step`): one 16-byte
+// load where the row is contiguous and aligned there, zeros past D (as MLX's load_vector).
+auto load = [](const T* p, int64_t step, int vec, T* dst) {
+  const int e0 = vec * N_READS;
+  const T* at = p + e0 * step;
+  if (step == 1 && e0 + N_READS <= D && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(at);
+    const T* r = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < N_READS; ++j) {
+      dst[j] = r[j];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N_READS; ++j) {
+      dst[j] = e0 + j < D ? at[j * step] : static_cast<T>(0.f);
+    }
+  }
+};
+auto store = [](T* p, int vec, const T* src) {
+  const int e0 = vec * N_READS;
+  T* at = p + e0;
+  if (e0 + N_READS <= D && reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+    *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(src);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N_READS; ++j) {
+      if (e0 + j < D) {
+        at[j] = src[j];
+      }
+    }
+  }
+};
+
+alignas(16) T v[CHUNKS][N_READS];
 float sum = 0.f;
 #pragma unroll
 for (int i = 0; i < CHUNKS; ++i) {
+  load(y + y_at, y_step, BLOCK * i + t, v[i]);
 #pragma unroll
   for (int j = 0; j < N_READS; ++j) {
-    const int e = (BLOCK * i + t) * N_READS + j;
-    v[i][j] = e < D ? y[y_at + e * y_step] : static_cast<T>(0.f);
     const float f = static_cast<float>(v[i][j]);
     sum = __fmaf_rn(f, f, sum);
   }
@@ -81,23 +131,23 @@ float sum_next = 0.f;
 T* out_row = out + static_cast<int64_t>(row) * D;
 #pragma unroll
 for (int i = 0; i < CHUNKS; ++i) {
+  alignas(16) T hv[N_READS];
+  alignas(16) T wv[N_READS];
+  load(h + h_at, h_step, BLOCK * i + t, hv);
+  load(w, 1, BLOCK * i + t, wv);
 #pragma unroll
   for (int j = 0; j < N_READS; ++j) {
-    const int e = (BLOCK * i + t) * N_READS + j;
-    if (e < D) {
-      const T normed = w[e] * static_cast<T>(__fmul_rn(static_cast<float>(v[i][j]), normalizer));
-      T o = h[h_at + e * h_step] + normed;
-      if constexpr (HAS_SCALE) {
-        o = o * scale;
-      }
-      out_row[e] = o;
-      v[i][j] = o;
-    } else {
-      v[i][j] = static_cast<T>(0.f);
+    const T normed = mul(wv[j], static_cast<T>(__fmul_rn(static_cast<float>(v[i][j]), normalizer)));
+    T o = add(hv[j], normed);
+    if constexpr (HAS_SCALE) {
+      o = mul(o, scale);
     }
-    const float f = static_cast<float>(v[i][j]);
+    // Past D the inputs were zeros and so is o: the next norm's sum adds nothing there.
+    v[i][j] = o;
+    const float f = static_cast<float>(o);
     sum_next = __fmaf_rn(f, f, sum_next);
   }
+  store(out_row, BLOCK * i + t, v[i]);
 }
 
 if constexpr (HAS_NEXT) {
@@ -107,13 +157,13 @@ if constexpr (HAS_NEXT) {
   T* xn_row = xn + static_cast<int64_t>(row) * D;
 #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
+    alignas(16) T wv[N_READS];
+    alignas(16) T xv[N_READS];
+    load(wn, 1, BLOCK * i + t, wv);
 #pragma unroll
     for (int j = 0; j < N_READS; ++j) {
-      const int e = (BLOCK * i + t) * N_READS + j;
-      if (e < D) {
-        xn_row[e] =
-            wn[e] * static_cast<T>(__fmul_rn(static_cast<float>(v[i][j]), normalizer_next));
-      }
+      xv[j] = mul(wv[j], static_cast<T>(__fmul_rn(static_cast<float>(v[i][j]), normalizer_next)));
     }
+    store(xn_row, BLOCK * i + t, xv);
   }
 }
