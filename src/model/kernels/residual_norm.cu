@@ -61,15 +61,16 @@ const int64_t y_step = y_strides[y_ndim - 1];
 
 // T's own operators with one rounding each, never contracted into an fma (MLX runs the
 // norm's product, the add and the multiply as separate kernels).
-auto mul = [](T a, T b) -> T {
-  if constexpr (cuda::std::is_same_v<T, float>) {
+// (Generic lambdas: the branch for the other types is then never compiled.)
+auto mul = [](auto a, auto b) -> T {
+  if constexpr (cuda::std::is_same_v<decltype(a), float>) {
     return __fmul_rn(a, b);
   } else {
     return __hmul_rn(a, b);
   }
 };
-auto add = [](T a, T b) -> T {
-  if constexpr (cuda::std::is_same_v<T, float>) {
+auto add = [](auto a, auto b) -> T {
+  if constexpr (cuda::std::is_same_v<decltype(a), float>) {
     return __fadd_rn(a, b);
   } else {
     return __hadd_rn(a, b);
@@ -124,7 +125,7 @@ sum = block_sum(sum, s_sum);
 const float normalizer = rsqrtf(__fadd_rn(__fdiv_rn(sum, static_cast<float>(D)), eps));
 
 T scale = static_cast<T>(1.f);
-if constexpr (HAS_SCALE) {
+if constexpr (HAS_SCALE != 0) {
   scale = s[0];
 }
 float sum_next = 0.f;
@@ -139,7 +140,7 @@ for (int i = 0; i < CHUNKS; ++i) {
   for (int j = 0; j < N_READS; ++j) {
     const T normed = mul(wv[j], static_cast<T>(__fmul_rn(static_cast<float>(v[i][j]), normalizer)));
     T o = add(hv[j], normed);
-    if constexpr (HAS_SCALE) {
+    if constexpr (HAS_SCALE != 0) {
       o = mul(o, scale);
     }
     // Past D the inputs were zeros and so is o: the next norm's sum adds nothing there.
@@ -150,7 +151,7 @@ for (int i = 0; i < CHUNKS; ++i) {
   store(out_row, BLOCK * i + t, v[i]);
 }
 
-if constexpr (HAS_NEXT) {
+if constexpr (HAS_NEXT != 0) {
   sum_next = block_sum(sum_next, s_sum_next);
   const float normalizer_next =
       rsqrtf(__fadd_rn(__fdiv_rn(sum_next, static_cast<float>(D)), eps));
