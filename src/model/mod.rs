@@ -21,7 +21,6 @@ pub mod linear;
 pub mod linear_group;
 pub mod norm;
 pub mod quantized_rows;
-pub mod residual_norm;
 pub mod rope;
 pub mod trace;
 pub mod weight_form;
@@ -154,9 +153,6 @@ pub struct ModelInfo {
     pub fused_groups: usize,
     /// How decode steps attend (serial and batched alike).
     pub decode_attention: DecodeAttention,
-    /// Whether a layer's residual updates run as one kernel node each
-    /// ([`residual_norm`]: MLX CUDA, Gemma-4, where its self-check passes).
-    pub norm_kernel: bool,
 }
 
 enum Arch {
@@ -219,7 +215,7 @@ impl Model {
         }
         // After sanitize every remaining tensor must be used (checked by `finish`).
         let weight_bytes = w.nbytes();
-        let mut arch = match &cfg.arch {
+        let arch = match &cfg.arch {
             ArchConfig::Gemma4(c) => {
                 let m = gemma4::Gemma4::load(c.clone(), &cfg.quant, &mut w, wrapped, fuse)?;
                 Arch::Gemma4(Box::new(m))
@@ -238,14 +234,6 @@ impl Model {
             tracing::info!(groups = fused_groups, "projections: fused");
         }
         let decode_attention = decode_attention.checked(facts.cpu);
-        let norm_kernel = match &mut arch {
-            Arch::Gemma4(m) if !facts.cpu && residual_norm::available() => {
-                m.use_norm_kernel();
-                tracing::info!("residual norms: one kernel node per update");
-                true
-            }
-            _ => false,
-        };
         match decode_attention {
             DecodeAttention::Kernel => tracing::info!("decode attention: one-node kernel"),
             DecodeAttention::Probs => {
@@ -265,7 +253,6 @@ impl Model {
             on_cpu: facts.cpu,
             fused_groups,
             decode_attention,
-            norm_kernel,
         };
         let mut model = Model {
             arch,

@@ -437,7 +437,6 @@ pub fn run(args: Args) -> Result<()> {
         "product_kernel": probe.product_kernel(),
         "stacked_attention": probe.stacked_attention(),
         "decode_attention": backend.model().info().decode_attention,
-        "norm_kernel": backend.model().info().norm_kernel,
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
     });
     if let Some(path) = &args.json_out {

@@ -68,7 +68,6 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "model_type": model.info().model_type,
             "fused_projections": model.info().fused_groups,
             "decode_attention": model.info().decode_attention,
-            "norm_kernel": model.info().norm_kernel,
             "product_kernel": decoder.product_kernel(),
             "prompt_len": prompt.len(),
             "steps": results,
