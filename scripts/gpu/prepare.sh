@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Collect, HERE, what travels to the GPU machine (../shared/GPU.md), into the ignored folder
 # .gpu/ as two bundles that each fit one device call (64 MiB with the working tree):
-#   .gpu/send1/  mlx-cuda-13 wheel part 1, the Gemma-4 tokenizer (tar.xz), the f32 tiny
-#                fixture + its mlx-lm oracle (tar.gz)
-#   .gpu/send2/  mlx-cuda-13 wheel part 2, the mlx + mlx-lm cp312 wheels, the release binary
-#                (xz), the bf16 tiny fixture + its oracle (tar.gz)
+#   .gpu/send1/  mlx-cuda-13 wheel part 1, the f32 tiny fixture + its mlx-lm oracle (tar.gz)
+#   .gpu/send2/  mlx-cuda-13 wheel part 2, the mlx + mlx-lm cp312 wheels, the Gemma-4 tokenizer
+#                (tar.xz), the release binary (xz); with --bf16-fixture also the bf16 tiny
+#                fixture + its oracle (tar.gz: 7 MiB, which no device script reads today; the
+#                e4b checks cover bf16)
 # Each bundle holds MANIFEST-<n> (sha256 of its files, the bundle count and a prepare id),
 # so scripts/gpu/remote.sh can check what arrived and tell what is still missing.
 #
-# Usage: scripts/gpu/prepare.sh [--no-binary]
+# Usage: scripts/gpu/prepare.sh [--no-binary] [--bf16-fixture]
 #   env: GPU_WHEELS (default .gpu/wheels; fetched with pip download when absent),
 #        MEMEXEC_BIN (default target/release/memexec), DEPS (default .deps),
-#        BUNDLE_MAX_MIB (default 56: leaves room for the working tree in a 64 MiB call)
+#        BUNDLE_MAX_MIB (default: 64 MiB less the tracked tree, which travels with each call,
+#        less 256 KiB)
 # Then (the lead, with the device tool; back to back, the machine stays warm ~30 s):
 #   run(carry=[".gpu/send1"], command="bash scripts/gpu/remote.sh")
 #   run(carry=[".gpu/send2"], command="bash scripts/gpu/remote.sh '<cmd>' ...")
@@ -21,11 +23,26 @@ cd "$ROOT"
 DEPS=${DEPS:-$ROOT/.deps}
 WHEELS=${GPU_WHEELS:-$ROOT/.gpu/wheels}
 BIN=${MEMEXEC_BIN:-$ROOT/target/release/memexec}
-MAX_MIB=${BUNDLE_MAX_MIB:-56}
 NO_BINARY=0
-[ "${1:-}" = "--no-binary" ] && NO_BINARY=1
+BF16_FIXTURE=0
 log() { printf '[gpu-prepare] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+for a in "$@"; do
+  case "$a" in
+  --no-binary) NO_BINARY=1 ;;
+  --bf16-fixture) BF16_FIXTURE=1 ;;
+  *) die "unknown option $a (usage: prepare.sh [--no-binary] [--bf16-fixture])" ;;
+  esac
+done
+# A device call carries the working tree as well as one bundle, 64 MiB in all: a bundle may
+# take what the tracked files leave, less 256 KiB for untracked ones.
+tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+tree_kib=$((tree_bytes / 1024))
+if [ -n "${BUNDLE_MAX_MIB:-}" ]; then
+  MAX_BYTES=$((BUNDLE_MAX_MIB * 1048576))
+else
+  MAX_BYTES=$((64 * 1048576 - tree_bytes - 262144))
+fi
 
 CUDA_WHL=mlx_cuda_13-0.32.2-py3-none-manylinux_2_35_x86_64.whl
 MLX_WHL=mlx-0.32.2-cp312-cp312-manylinux_2_35_x86_64.whl
@@ -84,7 +101,7 @@ nparts=$(ls "$OUTD/stage"/cuda.part* | wc -l)
 mv "$OUTD/stage/cuda.part0" "$S1/cuda.part0"
 mv "$OUTD/stage/cuda.part1" "$S2/cuda.part1"
 cp "$WHEELS/$MLX_WHL" "$WHEELS/$LM_WHL" "$S2/"
-tar -C "$DEPS/tokenizers" -cf - gemma4 | xz -T2 -6 >"$S1/tokenizer-gemma4.tar.xz"
+tar -C "$DEPS/tokenizers" -cf - gemma4 | xz -T2 -6 >"$S2/tokenizer-gemma4.tar.xz"
 pack_fixture() { # name dest
   mkdir -p "$OUTD/stage/fx/$1/oracle"
   cp -r "$FIX/$1" "$OUTD/stage/fx/$1/"
@@ -92,7 +109,7 @@ pack_fixture() { # name dest
   tar -C "$OUTD/stage/fx/$1" -cf - . | gzip -6 >"$2/fixture-$1.tar.gz"
 }
 pack_fixture tiny-gemma4-q4-f32 "$S1"
-pack_fixture tiny-gemma4-q4 "$S2"
+[ "$BF16_FIXTURE" = 1 ] && pack_fixture tiny-gemma4-q4 "$S2"
 if [ "$NO_BINARY" = 0 ]; then
   xz -T2 -6 -c "$BIN" >"$S2/memexec.xz"
 fi
@@ -111,11 +128,10 @@ for n in 1 2; do
   } >"$OUTD/MANIFEST-$n.tmp"
   mv "$OUTD/MANIFEST-$n.tmp" "$d/MANIFEST-$n"
   size=$(du -sb "$d" | cut -f1)
-  mib=$(( (size + 1048575) / 1048576 ))
-  log "send$n: $mib MiB ($(ls "$d" | tr '\n' ' '))"
-  [ "$mib" -le "$MAX_MIB" ] || die "send$n is $mib MiB > $MAX_MIB MiB: it would not travel with the tree"
+  log "send$n: $((size / 1024)) KiB ($(ls "$d" | tr '\n' ' '))"
+  [ "$size" -le "$MAX_BYTES" ] ||
+    die "send$n is $((size / 1024)) KiB > $((MAX_BYTES / 1024)) KiB: it would not travel with the tree"
 done
-tree_kib=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-log "tracked tree: $((tree_kib / 1024)) KiB; prepare id $ID"
+log "tracked tree: $tree_kib KiB; prepare id $ID"
 log "next: run(carry=[\".gpu/send1\"], command=\"bash scripts/gpu/remote.sh\"), then at once"
 log "      run(carry=[\".gpu/send2\"], command=\"bash scripts/gpu/remote.sh '<cmd>' ...\")"
