@@ -61,9 +61,14 @@ else
 fi
 export MEMEXEC_BLAS=$(readlink -f "$DEPS"/mlx-cpu/mlx_cpu.libs/libblas-*.so.* 2>/dev/null | head -1)
 
-# 5. Later stages (JS tooling, fixtures) hook in here.
+# 5. Later stages (JS tooling, fixtures) hook in here. MEMEXEC_SETUP_EXCEPT / MEMEXEC_SETUP_ONLY
+# (a stage's file name, e.g. 35-oracle.sh) leave one out or run only it: scripts/test.sh runs the
+# slow mlx-lm oracle while cargo builds.
 for step in scripts/setup.d/*.sh; do
   [ -e "$step" ] || continue
+  name=$(basename "$step")
+  [ "$name" = "${MEMEXEC_SETUP_EXCEPT:-}" ] && { log "leaving out $step (run separately)"; continue; }
+  [ -n "${MEMEXEC_SETUP_ONLY:-}" ] && [ "$name" != "$MEMEXEC_SETUP_ONLY" ] && continue
   log "running $step"
   ROOT=$ROOT DEPS=$DEPS VENV=$VENV MEMEXEC_BLAS=$MEMEXEC_BLAS bash "$step"
 done
