@@ -22,15 +22,14 @@ import time
 import mlx.core as mx
 import numpy as np
 
-D, HEADS, KV_HEADS, HEAD_DIM, KEYS = 2560, 8, 2, 256, 400
+from attention_cases import HEADS, KV_HEADS
+from attention_cases import normal_bf16 as bf16
 
-
-def bf16(rng, shape, scale=1.0):
-    return mx.array(rng.standard_normal(shape).astype(np.float32) * scale).astype(mx.bfloat16)
+D, HEAD_DIM, KEYS = 2560, 256, 400
 
 
 def cases(rng):
-    """name -> (function making one node from the shared inputs, inputs)."""
+    """name -> a function that makes one node of that kind over shared, evaluated inputs."""
     x = bf16(rng, (1, 1, D))
     y = bf16(rng, (1, 1, D))
     w = bf16(rng, (D,))
