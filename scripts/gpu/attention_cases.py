@@ -1,7 +1,7 @@
 """What the device checks of memexec's decode-step kernels (attention_kernel.py,
-attention_probs.py) and eval_cost.py share: random attention inputs in the e4b's head layout in bf16, drawn from
-a seeded numpy generator so a seed gives the same case on every run, and the kernels' scale
-constant."""
+attention_probs.py) and eval_cost.py share: random attention inputs in the e4b's head layout in
+bf16, drawn from a seeded numpy generator so a seed gives the same case on every run, and the
+kernels' scale constant."""
 import struct
 
 import mlx.core as mx
