@@ -13,7 +13,8 @@
 //! and `scripts/gpu/attention_probs.py` over the e4b's shapes) in 4 nodes per row plus one
 //! per step instead of 12 per row.
 //!
-//! The matmul stays MLX's: it runs cuBLAS, whose summation order memexec cannot reproduce.
+//! The matmul is [`super::values_product`]'s kernel where it has cuBLAS's order for the key
+//! count, MLX's matmul (cuBLAS) elsewhere.
 //! Used for one-position queries without a mask (every decode step) when the model resolved
 //! its decode attention to [`super::DecodeAttention::Probs`] at load.
 use std::cell::{Cell, RefCell};
@@ -142,10 +143,18 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
     }
     let mut outs = Vec::with_capacity(kv.len());
     for (qc, chunk) in super::attention::row_calls(q, kv, ROWS_PER_CALL)? {
-        for (p, (_, v)) in probabilities(&qc, chunk, scale)?.iter().zip(chunk) {
-            // The decomposition's last steps: `matmul(p, expand_dims(v, 2))`, then the head
-            // groups flattened back into heads (once for all rows, after stacking them: the
-            // same values in one view node instead of one per row).
+        let ps = probabilities(&qc, chunk, scale)?;
+        let vs: Vec<&Array> = chunk.iter().map(|(_, v)| *v).collect();
+        // The decomposition's last steps: `matmul(p, expand_dims(v, 2))` (one kernel node for
+        // all rows with cuBLAS's bits where it covers them), then the head groups flattened
+        // back into heads (once for all rows, after stacking them: one view node).
+        if super::values_product::available() {
+            if let Some(o) = super::values_product::product_rows(&ps, &vs)? {
+                outs.push(o);
+                continue;
+            }
+        }
+        for (p, v) in ps.iter().zip(vs) {
             outs.push(p.matmul(&expand_dims(v, 2)?)?);
         }
     }

@@ -40,8 +40,9 @@ pub enum DecodeAttention {
     /// MLX's `scaled_dot_product_attention` (mlx-lm's op).
     Mlx,
     /// MLX's op in fewer graph nodes, with its bits: memexec's kernel for the scores and the
-    /// softmax of every row, MLX's matmul for the values ([`super::attention_probs`]; MLX
-    /// CUDA builds only). Where it passes its self-check, the model takes it for [`Self::Mlx`].
+    /// softmax of every row ([`super::attention_probs`]), then for the values product where it
+    /// has cuBLAS's order ([`super::values_product`]), else MLX's matmul (MLX CUDA builds
+    /// only). Where it passes its self-check, the model takes it for [`Self::Mlx`].
     Probs,
     /// memexec's one-node CUDA kernel (MLX CUDA builds only).
     Kernel,

@@ -23,6 +23,7 @@ pub mod norm;
 pub mod quantized_rows;
 pub mod rope;
 pub mod trace;
+pub mod values_product;
 pub mod weight_form;
 pub mod weights;
 

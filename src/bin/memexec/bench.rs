@@ -437,6 +437,9 @@ pub fn run(args: Args) -> Result<()> {
         "product_kernel": probe.product_kernel(),
         "stacked_attention": probe.stacked_attention(),
         "decode_attention": backend.model().info().decode_attention,
+        "values_kernel": memexec::model::values_product::used_with(
+            backend.model().info().decode_attention,
+        ),
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
     });
     if let Some(path) = &args.json_out {
