@@ -17,14 +17,14 @@
 //! count, MLX's matmul (cuBLAS) elsewhere.
 //! Used for one-position queries without a mask (every decode step) when the model resolved
 //! its decode attention to [`super::DecodeAttention::Probs`] at load.
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::rc::Rc;
 
 use mlx_rs::ops::expand_dims;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{kernel_in, CudaKernel};
+use crate::mlx_ffi::CudaKernel;
 
 const SOURCE: &str = include_str!("kernels/attention_probs.cu");
 
@@ -35,38 +35,20 @@ const HEADER: &str = "#include <cooperative_groups/reduce.h>\n";
 /// Most keys one row may hold (the kernel keeps the scores in shared memory).
 pub const MAX_KEYS: i32 = 8192;
 
-/// Rows one kernel call takes at most; a wider batch runs in calls of at most this many.
-pub const ROWS_PER_CALL: usize = 8;
-
-/// The row counts a kernel is made for. A call takes the smallest that holds its rows and fills
-/// the unused inputs with row 0's keys (their blocks are not launched) and the unused outputs
-/// with one element. Why not one kernel for all: MLX's host work per call grows with the
-/// kernel's inputs and outputs (their arguments, allocations and source text), and a serial
-/// step makes this call once per layer; why not one per count: MLX compiles a custom kernel
-/// per name and template constants, about a second each on first use in a process.
-const ROW_BUCKETS: [usize; 4] = [1, 2, 4, 8];
+/// Rows one kernel call takes at most ([`super::row_kernel::ROWS_PER_CALL`]).
+pub const ROWS_PER_CALL: usize = super::row_kernel::ROWS_PER_CALL;
 
 /// Threads per block: CUDA's most, which also covers MLX's widest softmax (1024 threads).
 const THREADS: i32 = 1024;
 
 thread_local! {
-    /// The kernels of [`ROW_BUCKETS`], each made on first use (see [`kernel_in`]).
-    static KERNEL_1: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
-    static KERNEL_2: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
-    static KERNEL_4: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
-    static KERNEL_8: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
     /// [`available`]'s answer on this thread, once asked.
     static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-/// `kernels/attention_probs.cu` without its comment lines: MLX copies a custom kernel's whole
-/// source into every call's graph node.
+/// `kernels/attention_probs.cu` without its comment lines.
 fn body() -> String {
-    SOURCE
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    super::row_kernel::without_comment_lines(SOURCE)
 }
 
 /// The kernel's source for `rows` input rows: a prologue that picks the block's row (inputs
@@ -95,35 +77,17 @@ pub fn source(rows: usize) -> String {
     s
 }
 
-/// The kernel for calls of `rows` rows (at most [`ROWS_PER_CALL`]) and the row count it takes.
+/// The kernel for calls of `rows` rows and the row count it takes.
 fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
-    let n = ROW_BUCKETS
-        .into_iter()
-        .find(|&n| n >= rows)
-        .unwrap_or(ROWS_PER_CALL);
-    let slot = match n {
-        1 => &KERNEL_1,
-        2 => &KERNEL_2,
-        4 => &KERNEL_4,
-        _ => &KERNEL_8,
-    };
-    let made = kernel_in(slot, || {
+    super::row_kernel::bucket_kernel("memexec_attention_probs", rows, |name, n| {
         let inputs: Vec<String> = std::iter::once("q".to_string())
             .chain((0..n).map(|r| format!("k{r}")))
             .collect();
         let outputs: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
         let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
-        CudaKernel::new(
-            &format!("memexec_attention_probs_{n}"),
-            &inputs,
-            &outputs,
-            &source(n),
-            HEADER,
-            false,
-        )
-    })?;
-    Ok((n, made))
+        CudaKernel::new(name, &inputs, &outputs, &source(n), HEADER, false)
+    })
 }
 
 /// `[rows, heads, 1, D]` queries, row `r` over `kv[r]`'s `[1, kv_heads, S_r, D]` keys /

@@ -22,6 +22,7 @@ pub mod linear_group;
 pub mod norm;
 pub mod quantized_rows;
 pub mod rope;
+pub mod row_kernel;
 pub mod trace;
 pub mod values_product;
 pub mod weight_form;

@@ -15,13 +15,14 @@
 //! The orders are those of cuBLAS 13.1 on an H200: [`self_check`] compares the kernel with
 //! MLX's matmul at start-up at every boundary of the table, so another GPU or cuBLAS that picks
 //! other kernels falls back to the matmul (and key counts outside the table always do).
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::rc::Rc;
 
 use mlx_rs::{Array, Dtype};
 
+use super::row_kernel::ROWS_PER_CALL;
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
+use crate::mlx_ffi::{CudaKernel, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/values_product.cu");
 
@@ -32,12 +33,6 @@ const HEADER: &str = "template <int N> struct MemexecInt { static constexpr int 
 \"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, \
 {%0,%1,%2,%3};\" : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3]) : \"r\"(a0), \"r\"(a1), \
 \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1))\n";
-
-/// Rows one kernel call takes at most (as [`super::attention_probs::ROWS_PER_CALL`]).
-pub const ROWS_PER_CALL: usize = 8;
-
-/// Row counts a kernel is made for (see `attention_probs::ROW_BUCKETS` for why buckets).
-const ROW_BUCKETS: [usize; 4] = [1, 2, 4, 8];
 
 /// Threads per block: 32 dims x 32 partial sums (the kernel's tiling assumes it).
 const THREADS: i32 = 1024;
@@ -107,22 +102,13 @@ impl Order {
 }
 
 thread_local! {
-    static KERNEL_1: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
-    static KERNEL_2: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
-    static KERNEL_4: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
-    static KERNEL_8: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
     /// [`available`]'s answer on this thread, once asked.
     static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-/// `kernels/values_product.cu` without its comment lines (MLX copies the source into every
-/// call's graph node).
+/// `kernels/values_product.cu` without its comment lines.
 fn body() -> String {
-    SOURCE
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    super::row_kernel::without_comment_lines(SOURCE)
 }
 
 /// The kernel's source for `rows` rows: a prologue that picks the block's row (inputs `p<r>`,
@@ -147,32 +133,14 @@ pub fn source(rows: usize) -> String {
 }
 
 fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
-    let n = ROW_BUCKETS
-        .into_iter()
-        .find(|&n| n >= rows)
-        .unwrap_or(ROWS_PER_CALL);
-    let slot = match n {
-        1 => &KERNEL_1,
-        2 => &KERNEL_2,
-        4 => &KERNEL_4,
-        _ => &KERNEL_8,
-    };
-    let made = kernel_in(slot, || {
+    super::row_kernel::bucket_kernel("memexec_values_product", rows, |name, n| {
         let inputs: Vec<String> = (0..n)
             .map(|r| format!("p{r}"))
             .chain((0..n).map(|r| format!("v{r}")))
             .collect();
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        CudaKernel::new(
-            &format!("memexec_values_product_{n}"),
-            &inputs,
-            &["o"],
-            &source(n),
-            HEADER,
-            false,
-        )
-    })?;
-    Ok((n, made))
+        CudaKernel::new(name, &inputs, &["o"], &source(n), HEADER, false)
+    })
 }
 
 /// Row `r`'s probabilities `ps[r]` (`[1, kv_heads, groups, 1, S_r]`, row contiguous) times its
