@@ -2,8 +2,9 @@
 # The measurement steps of one H200 round, run THERE through scripts/gpu/remote.sh (which
 # exports MEMEXEC E4B TINY OUT PY and installs everything first). One step per argument, so a
 # device call can run several and stay under its 10-minute limit:
-#   check   row-exactness facts of MLX on this device (row_kernels.py) + memexec vs mlx-lm
-#           greedy ids on the e4b checkpoint (e4b_parity.py)
+#   check   row-exactness facts of MLX on this device (row_kernels.py), memexec's values-product
+#           kernel vs cuBLAS at every key count it covers (values_order.py --table) + memexec vs
+#           mlx-lm greedy ids on the e4b checkpoint (e4b_parity.py)
 #   warm    first-use kernel JIT of every decode shape (a short bench, a generate), then the
 #           single-stream decode speed of `memexec generate` (400 random ids, 128 new, x2)
 #   bench   `memexec bench` on e4b: serial and widths 1-16 on EXTRACT/SHORT/UNIFORM, with
@@ -30,6 +31,7 @@ for step in "$@"; do
   case "$step" in
   check)
     timeout 240 $PY scripts/gpu/row_kernels.py --out "$OUT/row-kernels.json" || rc=1
+    timeout 120 $PY scripts/gpu/values_order.py /tmp/values-order --table 1 || rc=1
     timeout 200 $PY scripts/gpu/e4b_parity.py "$MEMEXEC" "$E4B" "$OUT/e4b-parity.json" \
       --lengths 23,100,400 --tokens 32 || rc=1 ;;
   warm)

@@ -25,7 +25,7 @@ accumulation), ~26 us of host time per call. Modes:
   --table N    memexec's kernel (src/model/kernels/values_product.cu, as
                src/model/values_product.rs builds and launches it) vs cuBLAS for EVERY key
                count its table covers, N cases each, `--rows` key counts per call: must print
-               "0 differ".
+               "0 differ" (exit 1 otherwise).
 
 Usage: values_order.py OUT_DIR [--keys 37,128,400,1000,4000] [--dims 256,512] [--random N]
                        [--log-only | --names | --kernels N | --gemv N | --table N [--rows R]]
@@ -422,8 +422,10 @@ def prod_product(ps, vs):
 
 def table_sweep(dims, cases, rows_per_call):
     """Every key count the table covers, `cases` random cases each, `rows_per_call` key counts
-    per kernel call (rows of one call): prints the key counts whose output differs from cuBLAS."""
+    per kernel call (rows of one call): prints the key counts whose output differs from cuBLAS
+    and returns how many (key count, case) pairs differ."""
     rng = np.random.default_rng(4242)
+    differ = 0
     for d in dims:
         top = ORDERS[d]["STRIDED_MAX"]
         cap = capacity(top + 64)
@@ -447,6 +449,8 @@ def table_sweep(dims, cases, rows_per_call):
                         bad.append((n, int((a[r] != b).sum())))
         print(f"table D={d}: {checked} (key count, case) pairs in {time.time() - t:.0f} s, "
               f"{len(bad)} differ: {bad[:60]}", flush=True)
+        differ += len(bad)
+    return differ
 
 
 def main():
@@ -484,8 +488,7 @@ def main():
         gemv_check(a.gemv)
         return
     if a.table:
-        table_sweep(dims, a.table, a.rows)
-        return
+        raise SystemExit(1 if table_sweep(dims, a.table, a.rows) else 0)
     if a.names:
         kernel_names(keys, dims)
         return
