@@ -8,13 +8,13 @@
 //! `kernels/attention_probs.cu` computes the decomposition's first part — the scaled query,
 //! the scores (MLX's `gemv`) and the precise softmax — for every row of a step in ONE node,
 //! each step as MLX's kernel computes it (same lanes, reduction order and roundings); the
-//! probabilities then meet the values in MLX's own matmul, as in the decomposition. So a row's
-//! output has the bits of MLX's op (mlx-lm's numbers: [`self_check`] compares them at start-up
-//! and `scripts/gpu/attention_probs.py` over the e4b's shapes) in 4 nodes per row plus one
-//! per step instead of 12 per row.
+//! probabilities then meet the values as in the decomposition: in [`super::values_product`]'s
+//! kernel (cuBLAS's summation order, all rows in one node) where it covers the key counts,
+//! else in MLX's own matmul (4 nodes per row). So a row's output has the bits of MLX's op
+//! (mlx-lm's numbers: [`self_check`] compares them at start-up and
+//! `scripts/gpu/attention_probs.py` over the e4b's shapes) in a few nodes per step instead of
+//! 12 per row.
 //!
-//! The matmul is [`super::values_product`]'s kernel where it has cuBLAS's order for the key
-//! count, MLX's matmul (cuBLAS) elsewhere.
 //! Used for one-position queries without a mask (every decode step) when the model resolved
 //! its decode attention to [`super::DecodeAttention::Probs`] at load.
 use std::cell::Cell;

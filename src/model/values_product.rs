@@ -234,7 +234,7 @@ fn check_keys(order: &Order) -> Vec<i32> {
     keys
 }
 
-/// Runs the kernel against MLX's matmul for both head dims at [`check_keys`], all rows in one
+/// Runs the kernel against MLX's matmul for both head dims at `check_keys`, all rows in one
 /// call (so the row switch is checked too): fails where it cannot compile or run (not an MLX
 /// CUDA build) or where any element's bits differ.
 pub fn self_check() -> Result<()> {
