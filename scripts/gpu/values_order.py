@@ -412,7 +412,9 @@ def prod_product(ps, vs):
             ensure_row_contiguous=False)
     d = vs[0].shape[-1]
     kv, groups = ps[0].shape[1], ps[0].shape[2]
-    consts = [("T", mx.bfloat16), ("D", d)] + list(ORDERS[d].items())
+    # STRIDED_MAX stays on the host (values_product.rs `Order::constants`).
+    consts = [("T", mx.bfloat16), ("D", d)] + [
+        (k, v) for k, v in ORDERS[d].items() if k != "STRIDED_MAX"]
     (o,) = KERNELS[name](
         inputs=list(ps) + list(vs), template=consts,
         grid=(rows * kv * (d // 32) * 1024, 1, 1), threadgroup=(1024, 1, 1),

@@ -88,13 +88,14 @@ impl Order {
         (1..=self.strided_max).contains(&keys)
     }
 
-    fn constants(&self) -> [(&'static str, TemplateArg); 7] {
+    /// The kernel's template constants (`strided_max` stays on the host: [`product_rows`] only
+    /// sends key counts the table covers).
+    fn constants(&self) -> [(&'static str, TemplateArg); 6] {
         [
             ("T", TemplateArg::Dtype(Dtype::Bfloat16)),
             ("D", TemplateArg::Int(self.d)),
             ("HALVES_MAX", TemplateArg::Int(self.halves_max)),
             ("NSP_MAX", TemplateArg::Int(self.nsp_max)),
-            ("STRIDED_MAX", TemplateArg::Int(self.strided_max)),
             ("STRIDED_Y", TemplateArg::Int(self.strided_y)),
             ("STRIDED_V", TemplateArg::Int(self.strided_v)),
         ]
@@ -228,14 +229,14 @@ fn check_keys(order: &Order) -> Vec<i32> {
     for end in [order.halves_max, order.nsp_max, capped, order.strided_max] {
         keys.extend([end - 1, end, end + 1]);
     }
-    keys.retain(|&k| order.covers(k) && k > 0);
+    keys.retain(|&k| order.covers(k));
     keys.sort_unstable();
     keys.dedup();
     keys
 }
 
-/// Runs the kernel against MLX's matmul for both head dims at `check_keys`, all rows in one
-/// call (so the row switch is checked too): fails where it cannot compile or run (not an MLX
+/// Runs the kernel against MLX's matmul for both head dims at `check_keys`, the key counts as
+/// the rows of calls of up to [`ROWS_PER_CALL`] (so the row switch is checked too): fails where it cannot compile or run (not an MLX
 /// CUDA build) or where any element's bits differ.
 pub fn self_check() -> Result<()> {
     use mlx_rs::ops::expand_dims;

@@ -14,15 +14,16 @@
 //   combined by a tree with falling offsets (Y/2, ..., 1):
 //   * S <= HALVES_MAX: `gemvx<6>` [32, 2]: two contiguous halves (the first ceil(S / 2) keys);
 //   * S <= NSP_MAX: `gemvNSP<1, 32, 4>`: Y = 32, partial y takes keys 4y..4y+3, then + 128, ...;
-//   * S <= STRIDED_MAX: `gemvx<9>`: Y = STRIDED_Y partials, partial y takes runs of
-//     v = min(STRIDED_V, ceil(S / Y)) consecutive keys at v * y, then + v * Y, ...
+//   * otherwise (up to the table's last count, which the host checks): `gemvx<9>`: Y =
+//     STRIDED_Y partials, partial y takes runs of v = min(STRIDED_V, ceil(S / Y)) consecutive
+//     keys at v * y, then + v * Y, ...
 // Products of bf16 / f16 values are exact in f32, so cuBLAS's fma equals a product then a sum;
 // `__fmul_rn` / `__fadd_rn` keep NVRTC from contracting differently.
 //
 // Body of an MLX custom kernel, bf16 only (the mma instruction's type). MLX writes the
 // signature (per row `p<r>`, `v<r>` with `_shape` / `_strides`, output `o` `[rows, kv_heads,
-// groups, 1, D]`) and the template constants `T`, `D`, `HALVES_MAX`, `NSP_MAX`, `STRIDED_MAX`,
-// `STRIDED_Y`, `STRIDED_V`. memexec prepends a prologue (src/model/values_product.rs, `source`)
+// groups, 1, D]`) and the template constants `T`, `D`, `HALVES_MAX`, `NSP_MAX`, `STRIDED_Y`,
+// `STRIDED_V`. memexec prepends a prologue (src/model/values_product.rs, `source`)
 // that picks the block's row `row` and defines `pr`, `vr`, `n_keys`, `kv_heads`, `groups` (at
 // most 8), `v_head`, `v_step`. Launch: rows * kv_heads * (D / 32) blocks of 1024 threads, a
 // block per (row, KV head, 32 dims); every row's S in the table (the host checks).
