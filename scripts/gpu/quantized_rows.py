@@ -41,19 +41,13 @@ SHAPES = [(2048, 2560), (512, 2560), (3072, 2560), (6144, 2560), (2560, 2048), (
           (20480, 2560), (2560, 10240), (256, 2560), (2560, 256), (10752, 2560), (262144, 2560)]
 
 
-def rows_per_block(rows):
-    """The kernel's ROWS for a product of `rows` rows (src/model/quantized_rows.rs)."""
-    return 1 if rows <= 1 else 2 if rows == 2 else 4 if rows <= 4 else 8
-
-
 def kernel_rows(x, w, scales, biases, group, bits):
     assert bits == 4
     rows, n = x.shape[0], w.shape[0]
-    per = rows_per_block(rows)
     return KERNEL(
         inputs=[x, w, scales, biases],
-        template=[("T", x.dtype), ("GROUP", group), ("ROWS", per)],
-        grid=(((n + 7) // 8) * 32, ((rows + per - 1) // per) * 8, 1), threadgroup=(32, 8, 1),
+        template=[("T", x.dtype), ("GROUP", group)],
+        grid=(((n + 7) // 8) * 32, ((rows + 7) // 8) * 8, 1), threadgroup=(32, 8, 1),
         output_shapes=[(rows, n)], output_dtypes=[x.dtype])[0]
 
 
@@ -125,16 +119,6 @@ def main():
     chunks = chain_time(lambda y: mx.concatenate(
         [mlx_product(p, w, s, b, 64, 4) for p in mx.split(y, [4], axis=0)], axis=0), x8, a.reps)
     one = chain_time(lambda y: mlx_product(y, w, s, b, 64, 4), x8[:1], a.reps)
-    # One-row products of the e4b's shapes, many calls each: run under scripts/gpu/cupti_trace.py
-    # for each kernel's device time (MLX's qmv_kernel vs memexec's).
-    for n, k in ((3072, 2560), (2560, 2048), (20480, 2560), (2560, 10240), (256, 2560),
-                 (2560, 256), (262144, 2560)):
-        wf = (mx.random.normal((n, k), key=kw) * 0.02).astype(mx.bfloat16)
-        w1, s1, b1 = mx.quantize(wf, group_size=64, bits=4)
-        x1 = mx.random.normal((1, k), key=kx).astype(mx.bfloat16)
-        mx.eval(w1, s1, b1, x1)
-        for _ in range(a.reps):
-            mx.eval(kernel_rows(x1, w1, s1, b1, 64, 4), mlx_product(x1, w1, s1, b1, 64, 4))
     results["timing"] = {"kernel_8_rows_us": kern, "kernel_1_row_us": kern1, "mlx_two_chunks_8_rows_us": chunks,
                          "mlx_one_row_us": one}
     print(f"timing 2560x2560: kernel 8 rows {kern:.1f} us/call, MLX 2 chunks of 4 {chunks:.1f}, "

@@ -30,9 +30,7 @@ impl QuantizedMatrix {
     /// [`super::linear_group`]) run the very same operation. A one-position input of more
     /// rows than [`ForwardCtx::product_rows`] runs through memexec's row-exact kernel where
     /// [`ForwardCtx::product_kernel`] allows it and the weights suit it
-    /// ([`super::quantized_rows`]), else as balanced row chunks; other one-position inputs
-    /// take that kernel where [`super::quantized_rows::small_products`] says so (it streams
-    /// the weights faster than MLX's `qmv`, with its bits).
+    /// ([`super::quantized_rows`]), else as balanced row chunks.
     pub(super) fn matmul(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
         let rows = x.dim(0).max(1) as usize;
         match ctx.product_rows {
@@ -51,14 +49,7 @@ impl QuantizedMatrix {
                     .collect::<Result<Vec<_>>>()?;
                 Ok(concatenate(&parts, 0)?)
             }
-            _ => {
-                if x.ndim() == 3 && x.dim(1) == 1 && super::quantized_rows::small_products() {
-                    if let Some(y) = super::quantized_rows::product(x, self)? {
-                        return Ok(y);
-                    }
-                }
-                self.product(x)
-            }
+            _ => self.product(x),
         }
     }
 

@@ -15,12 +15,6 @@
 //! batched decoder turns it on where [`available`] says the kernel runs and matches MLX
 //! here). Only 4-bit affine weights with groups of 32 / 64 / 128 (MLX's 8-bit one-row
 //! product rounds otherwise); anything else keeps the chunks.
-//!
-//! It also takes every other one-position product where [`small_products`] says so (serial
-//! decode steps and batched steps of at most 7 rows): the same bits as MLX's `qmv`, but a
-//! lane loads the weights of up to 8 steps before summing them, where `qmv` waits a memory
-//! latency per step — on the H200 the one-row products were ~47% of a decode step's GPU time,
-//! streaming weights at < 1 TB/s (`scripts/gpu/cupti_trace.py`).
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
@@ -36,28 +30,16 @@ const SOURCE: &str = include_str!("kernels/quantized_rows.cu");
 /// `cg::reduce`, MLX's own warp reduction.
 const HEADER: &str = "#include <cooperative_groups/reduce.h>\n";
 
-/// Output columns per block (the kernel's `COLS_PER_BLOCK`, one warp each).
+/// Input rows one block row of the kernel takes (its `ROWS`); output columns per block (its
+/// `COLS_PER_BLOCK`, one warp each).
+const ROWS_PER_BLOCK: i32 = 8;
 const COLS_PER_BLOCK: i32 = 8;
-
-/// Input rows one block row of the kernel takes (its `ROWS`) for a product of `rows` rows:
-/// the smallest of 1, 2, 4, 8 that holds them, so a one-row product keeps one row of
-/// accumulators per lane (registers the weight prefetch uses).
-fn rows_per_block(rows: i32) -> i32 {
-    match rows {
-        ..=1 => 1,
-        2 => 2,
-        3..=4 => 4,
-        _ => 8,
-    }
-}
 
 thread_local! {
     /// The kernel, made on first use (see [`kernel_in`]).
     static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
     /// [`available`]'s answer on this thread, once asked.
     static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
-    /// [`small_products`]'s answer on this thread, once asked.
-    static SMALL: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 fn kernel() -> Result<Rc<CudaKernel>> {
@@ -108,7 +90,6 @@ pub(super) fn product(x: &Array, matrix: &QuantizedMatrix) -> Result<Option<Arra
     }
     let n = matrix.weight.dim(0);
     let rows = x.shape()[..x.ndim() - 1].iter().product::<i32>().max(1);
-    let per_block = rows_per_block(rows);
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("fits: x has a last axis") = n;
     let out = kernel()?.apply(
@@ -116,14 +97,13 @@ pub(super) fn product(x: &Array, matrix: &QuantizedMatrix) -> Result<Option<Arra
         &[(&shape, x.dtype())],
         [
             (n + COLS_PER_BLOCK - 1) / COLS_PER_BLOCK * 32,
-            (rows + per_block - 1) / per_block * COLS_PER_BLOCK,
+            (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK * ROWS_PER_BLOCK,
             1,
         ],
         [32, COLS_PER_BLOCK, 1],
         &[
             ("T", TemplateArg::Dtype(x.dtype())),
             ("GROUP", TemplateArg::Int(matrix.params.group_size)),
-            ("ROWS", TemplateArg::Int(per_block)),
         ],
     )?;
     out.into_iter()
@@ -144,25 +124,6 @@ pub fn available() -> bool {
     )
 }
 
-/// Whether one-position products of at most [`super::ForwardCtx::product_rows`] rows (and
-/// every serial decode step's) run through the kernel too: where [`available`], unless
-/// `MEMEXEC_SMALL_PRODUCT_KERNEL=0` (for measuring). Asked once per thread.
-pub fn small_products() -> bool {
-    super::check_values::passes_once(
-        &SMALL,
-        "MEMEXEC_SMALL_PRODUCT_KERNEL",
-        "one-position products",
-        "MLX's qmv runs them",
-        || {
-            if available() {
-                Ok(())
-            } else {
-                Err(Error::Internal("the product kernel is unavailable".into()))
-            }
-        },
-    )
-}
-
 /// Runs the kernel once on a small case against MLX's product of each row alone: fails where
 /// it cannot compile or run (not an MLX CUDA build) or where any element's bits differ (an
 /// MLX whose one-row kernel changed).
@@ -170,13 +131,12 @@ pub fn self_check() -> Result<()> {
     use mlx_rs::ops::indexing::TryIndexOp;
     use mlx_rs::ops::{concatenate, quantize};
     // Deterministic values in [-0.5, 0.5) from a 32-bit LCG (no MLX random state touched).
-    // 9 rows: two block rows of 8 rows, one of a single row; then 1 and 3 rows (block rows of
-    // 1 and 4). 4800 inputs: 9 full passes of the 512 a warp takes at once (more than one
-    // prefetch of 8) plus a remainder; 24 outputs: three blocks. bf16 and groups of 64 are the
+    // 9 rows: two block rows, one of a single row; 704 inputs: a full pass of the 512 a warp
+    // takes at once plus a remainder; 24 outputs: three blocks. bf16 and groups of 64 are the
     // e4b's, so the kernel compiled here is the one decoding uses.
     let mut lcg = super::check_values::Lcg::new(0x9e37_79b9);
     let mut draw = |shape: &[i32]| lcg.bf16(shape, -0.5, 1.0);
-    let (rows, n, k) = (9, 24, 4800);
+    let (rows, n, k) = (9, 24, 704);
     let x = draw(&[rows, 1, k])?;
     let (weight, scales, biases) = quantize(&draw(&[n, k])?, 64, 4)?;
     let matrix = QuantizedMatrix {
@@ -188,20 +148,19 @@ pub fn self_check() -> Result<()> {
             bits: 4,
         },
     };
+    let ours = product(&x, &matrix)?
+        .ok_or_else(|| Error::Internal("quantized rows: self-check shape rejected".into()))?;
     let alone = (0..rows)
         .map(|r| matrix.product(&x.try_index(r..r + 1)?))
         .collect::<Result<Vec<_>>>()?;
-    for take in [rows, 1, 3] {
-        let ours = product(&x.try_index(..take)?, &matrix)?
-            .ok_or_else(|| Error::Internal("quantized rows: self-check shape rejected".into()))?;
-        let theirs = concatenate(&alone[..take as usize], 0)?;
-        if !ours.eq_values(&theirs)? {
-            return Err(Error::Internal(format!(
-                "quantized rows: kernel differs from MLX's one-row product ({take} rows)"
-            )));
-        }
+    let theirs = concatenate(&alone, 0)?;
+    if ours.eq_values(&theirs)? {
+        Ok(())
+    } else {
+        Err(Error::Internal(
+            "quantized rows: kernel differs from MLX's one-row product".into(),
+        ))
     }
-    Ok(())
 }
 
 #[cfg(test)]

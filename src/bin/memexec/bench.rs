@@ -435,7 +435,6 @@ pub fn run(args: Args) -> Result<()> {
         "rows_per_product": (probe.rows_per_product() != usize::MAX)
             .then_some(probe.rows_per_product()),
         "product_kernel": probe.product_kernel(),
-        "small_product_kernel": memexec::model::quantized_rows::small_products(),
         "stacked_attention": probe.stacked_attention(),
         "decode_attention": backend.model().info().decode_attention,
         "values_kernel": memexec::model::values_product::used_with(

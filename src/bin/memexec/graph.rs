@@ -69,7 +69,6 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "fused_projections": model.info().fused_groups,
             "decode_attention": model.info().decode_attention,
             "product_kernel": decoder.product_kernel(),
-            "small_product_kernel": memexec::model::quantized_rows::small_products(),
             "values_kernel": memexec::model::values_product::used_with(model.info().decode_attention),
             "prompt_len": prompt.len(),
             "steps": results,

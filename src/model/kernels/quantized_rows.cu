@@ -8,17 +8,11 @@
 //
 // Body of an MLX custom kernel (`mlx::core::fast::cuda_kernel`). MLX writes the signature
 // (`x`, `w`, `scales`, `biases` with `x_shape` / `w_shape` / `scales_shape`, output `out`),
-// the template constants `T` (element type), `GROUP` (group size) and `ROWS` (input rows per
-// block row: 1, 2, 4 or 8), and its default header (cooperative groups as `cg`); memexec's
-// header adds `<cooperative_groups/reduce.h>`.
-// Launch: grid (ceil(n / 8) * 32, ceil(rows / ROWS) * 8, 1) threads, threadgroup (32, 8, 1):
-// one warp per output column, eight columns per block, one block row per ROWS input rows; the
-// warp dequantizes its column's weights once for all of its rows.
-//
-// Speed (the sums are untouched): MLX's kernel loads a lane's weights one step at a time, so
-// each step waits a full memory latency and a one-row product streams its weights at < 1 TB/s
-// on the H200; here a lane first loads the weights, scales and biases of up to PREFETCH steps,
-// then runs those steps in MLX's order. x `[rows, ..., k]` row
+// the template constants `T` (element type) and `GROUP` (group size), and its default header
+// (cooperative groups as `cg`); memexec's header adds `<cooperative_groups/reduce.h>`.
+// Launch: grid (ceil(n / 8) * 32, ceil(rows / 8) * 8, 1) threads, threadgroup (32, 8, 1): one
+// warp per output column, eight columns per block, one block row per 8 input rows; the warp
+// dequantizes its column's weights once for all of its rows. x `[rows, ..., k]` row
 // contiguous (leading dims flattened); w `[n, k / 8]` uint32 (4-bit); scales / biases
 // `[n, k / GROUP]` of `T`; out `[rows, ..., n]`.
 //
@@ -29,6 +23,7 @@
 // Found by trial against MLX's kernel on the H200 (scripts/gpu/quantized_rows.py): a
 // dequantization rounded after the product (`T(q * s) + b`) or f32 accumulators agree in
 // only ~30-40% of elements; this form in 100%.
+constexpr int ROWS = 8;
 constexpr int COLS_PER_BLOCK = 8;
 constexpr int EPT = sizeof(T) <= 2 ? 16 : 8;
 constexpr int WARP_ELEMS = 32 * EPT;
@@ -74,40 +69,30 @@ for (int r = 0; r < ROWS; ++r) {
   }
 }
 
-// A lane's weights of one step: EPT 4-bit values as words, plus its group's scale and bias.
-struct Step {
+auto tile = [&](int idx) {
+  const float s = static_cast<float>(sc[idx / GROUP]);
+  const float b = static_cast<float>(bc[idx / GROUP]);
   unsigned int words[EPT / 8];
-  float s;
-  float b;
-};
-auto load = [&](int idx) {
-  Step st;
-  st.s = static_cast<float>(sc[idx / GROUP]);
-  st.b = static_cast<float>(bc[idx / GROUP]);
   if (vec) {
     if constexpr (EPT == 16) {
       const uint2 p = *reinterpret_cast<const uint2*>(wc + idx / 2);
-      st.words[0] = p.x;
-      st.words[1] = p.y;
+      words[0] = p.x;
+      words[1] = p.y;
     } else {
-      st.words[0] = *reinterpret_cast<const unsigned int*>(wc + idx / 2);
+      words[0] = *reinterpret_cast<const unsigned int*>(wc + idx / 2);
     }
   } else {
 #pragma unroll
     for (int j = 0; j < EPT / 8; ++j) {
       const unsigned char* p = wc + idx / 2 + 4 * j;
-      st.words[j] = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
+      words[j] = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
     }
   }
-  return st;
-};
-
-auto tile = [&](int idx, const Step& st) {
   T wd[EPT];
 #pragma unroll
   for (int i = 0; i < EPT; ++i) {
-    const unsigned q = (st.words[i / 8] >> (4 * (i % 8))) & 0xfu;
-    wd[i] = T(fmaf(static_cast<float>(q), st.s, st.b));
+    const unsigned q = (words[i / 8] >> (4 * (i % 8))) & 0xfu;
+    wd[i] = T(fmaf(static_cast<float>(q), s, b));
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
@@ -134,28 +119,13 @@ auto tile = [&](int idx, const Step& st) {
   }
 };
 
-constexpr int PREFETCH = 8;
-const int steps = k / WARP_ELEMS;
-const int lane_idx = warp.thread_rank() * EPT;
-for (int it0 = 0; it0 < steps; it0 += PREFETCH) {
-  Step st[PREFETCH];
-#pragma unroll
-  for (int u = 0; u < PREFETCH; ++u) {
-    if (it0 + u < steps) {
-      st[u] = load(lane_idx + (it0 + u) * WARP_ELEMS);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < PREFETCH; ++u) {
-    if (it0 + u < steps) {
-      tile(lane_idx + (it0 + u) * WARP_ELEMS, st[u]);
-    }
-  }
+for (int it = 0; it < k / WARP_ELEMS; ++it) {
+  tile(warp.thread_rank() * EPT + it * WARP_ELEMS);
 }
 if (k % WARP_ELEMS) {
-  const int idx = lane_idx + k - k % WARP_ELEMS;
+  const int idx = warp.thread_rank() * EPT + k - k % WARP_ELEMS;
   if (idx < k) {
-    tile(idx, load(idx));
+    tile(idx);
   }
 }
 
