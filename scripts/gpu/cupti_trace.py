@@ -124,8 +124,25 @@ def union(intervals):
     return total
 
 
+def short_name(name):
+    """A demangled kernel's qualified name: no return type, template arguments or parameters
+    (`std::enable_if<...>::type mlx::core::cu::gather<...>(...)` -> `mlx::core::cu::gather`)."""
+    stack, top = [], []
+    for ch in name:
+        if ch == "(" and not stack:
+            break
+        if ch in "<(" and (ch == "(" or not stack or stack[-1] == "<"):
+            stack.append(ch)
+        elif stack and ch == {"<": ">", "(": ")"}[stack[-1]]:
+            stack.pop()
+        elif not stack:
+            top.append(ch)
+    words = "".join(top).split()
+    return (words[-1] if words else name)[:70]
+
+
 def demangle(names):
-    """Readable kernel names (c++filt), cut at their template arguments."""
+    """Readable kernel names (c++filt), see `short_name`."""
     try:
         r = subprocess.run(["c++filt"], input="\n".join(names), text=True, capture_output=True)
         out = r.stdout.splitlines()
@@ -133,7 +150,7 @@ def demangle(names):
         out = names
     if len(out) != len(names):
         out = names
-    return [re.sub(r"<.*", "", x)[:70] for x in out]
+    return [short_name(x) for x in out]
 
 
 def per_kernel(kernels):
