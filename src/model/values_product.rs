@@ -236,8 +236,8 @@ fn check_keys(order: &Order) -> Vec<i32> {
 }
 
 /// Runs the kernel against MLX's matmul for both head dims at `check_keys`, the key counts as
-/// the rows of calls of up to [`ROWS_PER_CALL`] (so the row switch is checked too): fails where it cannot compile or run (not an MLX
-/// CUDA build) or where any element's bits differ.
+/// the rows of calls of up to [`ROWS_PER_CALL`] (so the row switch is checked too): fails where
+/// it cannot compile or run (not an MLX CUDA build) or where any element's bits differ.
 pub fn self_check() -> Result<()> {
     use mlx_rs::ops::expand_dims;
     use mlx_rs::ops::indexing::TryIndexOp;
