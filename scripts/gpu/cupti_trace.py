@@ -153,13 +153,18 @@ def demangle(names):
     return [short_name(x) for x in out]
 
 
+# One line of the trace: a kernel (`tag` its CUDA graph, `blocks` its grid size, `dims`
+# "grid/block") or a host call (`tag` its thread).
+Record = collections.namedtuple("Record", "start end tag blocks name dims")
+
+
 def per_kernel(kernels):
     """No decode steps in the trace: each kernel (name, grid / block) with its calls and mean
     device time."""
     calls, time = collections.Counter(), collections.Counter()
     for k in kernels:
-        calls[(k[4], k[5])] += 1
-        time[(k[4], k[5])] += k[1] - k[0]
+        calls[(k.name, k.dims)] += 1
+        time[(k.name, k.dims)] += k.end - k.start
     keys = [key for key, _ in time.most_common(TOP)]
     names = demangle([key[0] for key in keys])
     return {"kernels": [(name, key[1], calls[key], time[key] / calls[key] / 1e3)
@@ -172,13 +177,18 @@ def summarize(path, steps_wanted):
         parts = line.rstrip("\n").split(",", 6)
         if len(parts) < 7:
             continue
-        rec = (int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]), parts[6], parts[5])
+        rec = Record(int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]), parts[6], parts[5])
         (kernels if parts[0] == "K" else api).append(rec)
-    kernels.sort(key=lambda k: k[1])
+    kernels.sort(key=lambda k: k.end)
     api.sort()
-    kernel_ends = [k[1] for k in kernels]
-    api_starts = [x[0] for x in api]
-    ends = [k[1] for k in kernels if "arg_reduce" in k[4] or "argmax" in k[4].lower()]
+    kernel_ends = [k.end for k in kernels]
+    api_starts = [x.start for x in api]
+
+    def step_kernels(a, b):
+        """The kernels that end in (a, b], by start."""
+        return sorted(kernels[bisect.bisect_right(kernel_ends, a):bisect.bisect_right(kernel_ends, b)])
+
+    ends = [k.end for k in kernels if "arg_reduce" in k.name or "argmax" in k.name.lower()]
     if len(ends) < 3:
         return per_kernel(kernels)
     bounds = ends[-(steps_wanted + 1):]
@@ -188,25 +198,22 @@ def summarize(path, steps_wanted):
     name_time = collections.Counter()
     api_count, api_time = collections.Counter(), collections.Counter()
     for a, b in zip(bounds, bounds[1:]):
-        ks = kernels[bisect.bisect_right(kernel_ends, a):bisect.bisect_right(kernel_ends, b)]
-        ks.sort()
-        busy = union([(max(k[0], a), k[1]) for k in ks])
-        gaps = sorted((ks[i + 1][0] - ks[i][1] for i in range(len(ks) - 1)), reverse=True)
+        ks = step_kernels(a, b)
+        busy = union([(max(k.start, a), k.end) for k in ks])
+        gaps = sorted((ks[i + 1].start - ks[i].end for i in range(len(ks) - 1)), reverse=True)
         steps.append({"wall_us": (b - a) / 1e3, "busy_us": busy / 1e3, "kernels": len(ks),
-                      "graphs": len({k[2] for k in ks}), "gap_top5_us": [g / 1e3 for g in gaps[:5]]})
+                      "graphs": len({k.tag for k in ks}), "gap_top5_us": [g / 1e3 for g in gaps[:5]]})
         for k in ks:
-            names[k[4]] += 1
-            blocks[k[4]] += k[3]
-            name_time[k[4]] += k[1] - k[0]
+            names[k.name] += 1
+            blocks[k.name] += k.blocks
+            name_time[k.name] += k.end - k.start
         for x in api[bisect.bisect_right(api_starts, a):bisect.bisect_right(api_starts, b)]:
-            api_count[x[4]] += 1
-            api_time[x[4]] += x[1] - x[0]
+            api_count[x.name] += 1
+            api_time[x.name] += x.end - x.start
     # One step in order: its slow kernels (and the first few), to see what they wait on.
-    a, b = bounds[len(bounds) // 2 - 1], bounds[len(bounds) // 2]
-    seq = kernels[bisect.bisect_right(kernel_ends, a):bisect.bisect_right(kernel_ends, b)]
-    seq.sort()
-    slow = [(i, (k[1] - k[0]) / 1e3, k[5], k[4]) for i, k in enumerate(seq)
-            if i < 8 or k[1] - k[0] > SLOW_NS]
+    seq = step_kernels(bounds[len(bounds) // 2 - 1], bounds[len(bounds) // 2])
+    slow = [(i, (k.end - k.start) / 1e3, k.dims, k.name) for i, k in enumerate(seq)
+            if i < 8 or k.end - k.start > SLOW_NS]
     n = len(steps)
     top = [k for k, _ in name_time.most_common(TOP)]
     readable = dict(zip(top, demangle(top)))
