@@ -365,8 +365,9 @@ pub fn greedy_until(
         interrupted()?;
         let next = if ids.len() + 1 < opts.max_tokens {
             let t0 = Instant::now();
-            // The model takes int32 ids (exact: ids < 2^31).
-            let tokens = pending.reshape(&[1, 1])?.as_dtype(Dtype::Int32)?;
+            // The uint32 picks go in as they are: a cast would be one more few-byte array
+            // written on the device every step.
+            let tokens = pending.reshape(&[1, 1])?;
             let picks = step_picks(model, &tokens, &mut [&mut cache], &ctx)?;
             let t1 = Instant::now();
             async_eval([&picks])?;

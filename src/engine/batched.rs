@@ -102,7 +102,7 @@ impl Pending {
             .ok_or_else(|| Error::Internal(format!("no pick {} in a decode step", self.index)))
     }
 
-    /// The token as a lazy `[1, 1]` int32 input of the next step.
+    /// The token as a lazy `[1, 1]` uint32 input of the next step.
     fn input(&self) -> Result<Array> {
         let a = &self.picks.array;
         let i = self.index as i32;
@@ -111,7 +111,7 @@ impl Pending {
         } else {
             a.try_index(i..i + 1)?
         };
-        Ok(one.reshape(&[1, 1])?.as_dtype(mlx_rs::Dtype::Int32)?)
+        Ok(one.reshape(&[1, 1])?)
     }
 }
 
@@ -400,7 +400,8 @@ impl<'a> Decoder<'a> {
             for r in group.iter() {
                 inputs.push(match &r.pending {
                     Some(p) => p.input()?,
-                    None => Array::from_slice(&[r.last as i32], &[1, 1]),
+                    // uint32 like the picks, so the concatenation keeps one dtype.
+                    None => Array::from_slice(&[r.last], &[1, 1]),
                 });
                 stacks.push(r.adapters.clone());
             }

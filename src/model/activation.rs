@@ -62,6 +62,16 @@ fn prepare(v: f64, dtype: Dtype) -> Result<()> {
     Ok(())
 }
 
+/// [`scalar`], made and evaluated once per (value, dtype) on this thread and shared after
+/// that: a decode step that scales by a fixed number then reads an existing array instead of
+/// writing a new one from the host and casting it on the device every step (on MLX's CUDA
+/// backend such few-byte arrays share one managed-memory pool with the step's own small
+/// results). Same bits as [`scalar`].
+pub fn cached_scalar(v: f64, dtype: Dtype) -> Result<Array> {
+    prepare(v, dtype)?;
+    Ok(constant(v, dtype)?)
+}
+
 /// The constant made by [`prepare`] (inside a traced function: no new graph node).
 fn constant(v: f64, dtype: Dtype) -> std::result::Result<Array, Exception> {
     CONSTS

@@ -33,7 +33,7 @@ pub fn per_row_ops() -> bool {
 /// The RoPE position offset of each row of a forward call (the positions its cache had seen).
 pub struct RowOffsets {
     offsets: Vec<i32>,
-    /// `offsets` as an int32 device array, made on first use.
+    /// `offsets` as an int32 device array (one row: a scalar), made on first use.
     array: Option<Array>,
 }
 
@@ -67,7 +67,13 @@ impl RowOffsets {
     /// one-element array), so row `r` gets the bits of its one-row call.
     pub fn rotate(&mut self, rope: &Rope, x: &Array) -> Result<Array> {
         if self.offsets.len() <= 1 {
-            return rope.forward(x, self.of(0));
+            // The scalar MLX would make from an integer offset, made once for every layer
+            // that shares these offsets instead of once per call: same op, same bits, and on
+            // MLX's CUDA backend one host-written few-byte array per step instead of one per
+            // layer (they share a managed-memory pool with the step's small results).
+            let offset = self.of(0);
+            let offset = self.array.get_or_insert_with(|| Array::from_int(offset));
+            return rope.forward_rows(x, offset);
         }
         if per_row_ops() {
             let rows = (0..self.offsets.len())

@@ -193,6 +193,11 @@ impl Gemma3 {
             .sum()
     }
 
+    /// The table decoding gathers rows from (the token embeddings).
+    pub fn lookup_tables(&self) -> Vec<&Embedding> {
+        vec![&self.embed_tokens]
+    }
+
     /// The activation dtype.
     pub fn dtype(&self) -> Dtype {
         self.dtype

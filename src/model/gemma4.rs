@@ -4,7 +4,7 @@ use mlx_rs::ops::broadcast_to;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
-use super::activation::{geglu, gelu_approx, scalar, softcap};
+use super::activation::{cached_scalar, geglu, gelu_approx, softcap};
 use super::attention::{attend_rows, merge_heads, split_heads, AttentionForm, RowKv, RowOffsets};
 use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
@@ -382,6 +382,16 @@ impl Gemma4 {
             .sum()
     }
 
+    /// The tables decoding gathers rows from: the token embeddings and, where the model has
+    /// them, the per-layer embeddings.
+    pub fn lookup_tables(&self) -> Vec<&Embedding> {
+        let mut tables = vec![&self.embed_tokens];
+        if let Some(pl) = &self.per_layer_inputs {
+            tables.push(&pl.embed_tokens_per_layer);
+        }
+        tables
+    }
+
     /// The activation dtype.
     pub fn dtype(&self) -> Dtype {
         self.dtype
@@ -424,22 +434,25 @@ impl Gemma4 {
             decode,
         };
         let mut h = self.embed_tokens.forward(tokens)?;
-        h = h.multiply(scalar((self.cfg.hidden_size as f64).sqrt(), dt)?)?;
+        h = h.multiply(cached_scalar((self.cfg.hidden_size as f64).sqrt(), dt)?)?;
 
         let per_layer_in = match &self.per_layer_inputs {
             Some(pl) => {
                 let tok = pl
                     .embed_tokens_per_layer
                     .forward(tokens)?
-                    .multiply(scalar((pl.dim as f64).sqrt(), dt)?)?
+                    .multiply(cached_scalar((pl.dim as f64).sqrt(), dt)?)?
                     .reshape(&[b, l, n, pl.dim])?;
                 let prj = pl
                     .per_layer_model_projection
                     .forward(&h, ctx)?
-                    .multiply(scalar((self.cfg.hidden_size as f64).powf(-0.5), dt)?)?
+                    .multiply(cached_scalar((self.cfg.hidden_size as f64).powf(-0.5), dt)?)?
                     .reshape(&[b, l, n, pl.dim])?;
                 let prj = pl.per_layer_projection_norm.forward(&prj)?;
-                Some(prj.add(&tok)?.multiply(scalar(2f64.powf(-0.5), dt)?)?)
+                Some(
+                    prj.add(&tok)?
+                        .multiply(cached_scalar(2f64.powf(-0.5), dt)?)?,
+                )
             }
             None => None,
         };

@@ -94,6 +94,14 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// The arrays that hold the matrix (dense weight, or packed words, scales and biases).
+    fn arrays(&self) -> Vec<&Array> {
+        match &self.matrix {
+            Matrix::Dense { weight } => vec![weight],
+            Matrix::Quantized(q) => vec![&q.weight, &q.scales, &q.biases],
+        }
+    }
+
     /// Takes `{path}.weight` (and `.scales` / `.biases` when quantized) out of `w`.
     ///
     /// Quantized exactly where the checkpoint has `{path}.scales`; bits and group size come
@@ -394,5 +402,24 @@ impl Embedding {
     /// Bytes held by the table.
     pub fn nbytes(&self) -> usize {
         self.table.nbytes()
+    }
+
+    /// Reads every byte of the table once on the default device (one reduction per array).
+    ///
+    /// Why: MLX's CUDA backend keeps every array in managed memory and loading writes it
+    /// from the host, so a page lives in host memory until a GPU kernel first touches it.
+    /// Products touch all of their weights on the first step, but a table that decoding
+    /// only gathers rows from (the per-layer embeddings; an untied input table) would move
+    /// one page to the device on nearly every step's lookup — tens of microseconds each,
+    /// for the whole life of the model. Touching it all once at load moves it up front.
+    pub fn make_resident(&self) -> Result<()> {
+        let reads = self
+            .table
+            .arrays()
+            .into_iter()
+            .map(|a| a.max(None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        mlx_rs::transforms::eval(&reads)?;
+        Ok(())
     }
 }

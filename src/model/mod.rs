@@ -40,6 +40,15 @@ fn on_cpu() -> bool {
         .map_or(true, |t| matches!(t, mlx_rs::DeviceType::Cpu))
 }
 
+/// Whether to read the lookup tables once on the device at load
+/// ([`linear::Embedding::make_resident`]): on MLX's CUDA backend (a GPU off macOS), whose
+/// arrays live in managed memory. Apple's unified memory has no pages to move.
+/// `MEMEXEC_RESIDENT_TABLES=0` turns it off (for measuring what it saves).
+fn resident_tables(cpu: bool) -> bool {
+    !cpu && !cfg!(target_os = "macos")
+        && std::env::var("MEMEXEC_RESIDENT_TABLES").map_or(true, |v| v != "0")
+}
+
 /// Options of one forward call. Every linear layer receives it.
 #[derive(Debug, Clone, Default)]
 pub struct ForwardCtx {
@@ -228,6 +237,15 @@ impl Model {
             }
         };
         w.finish()?;
+        if resident_tables(facts.cpu) {
+            let tables = match &arch {
+                Arch::Gemma4(m) => m.lookup_tables(),
+                Arch::Gemma3(m) => m.lookup_tables(),
+            };
+            for table in tables {
+                table.make_resident()?;
+            }
+        }
         let (dtype, fused_groups) = match &arch {
             Arch::Gemma4(m) => (m.dtype(), m.fused_groups()),
             Arch::Gemma3(m) => (m.dtype(), m.fused_groups()),
@@ -299,7 +317,7 @@ impl Model {
 
     /// Logits of the LAST position of each row, `[B, vocab]`, float32.
     ///
-    /// `tokens` is `[B, L]` int32 with one cache per row. B = 1: any L (prefill or a serial
+    /// `tokens` is `[B, L]` int32 (or uint32) with one cache per row. B = 1: any L (prefill or a serial
     /// step). B > 1: L must be 1 (a batched decode step); each row attends over its own cache
     /// at its own offset, so its logits equal the B = 1 ones bit for bit.
     pub fn forward(
@@ -359,8 +377,11 @@ impl Model {
                 tokens.shape()
             ));
         };
-        if tokens.dtype() != Dtype::Int32 {
-            return bad(format!("tokens must be int32, got {:?}", tokens.dtype()));
+        if !matches!(tokens.dtype(), Dtype::Int32 | Dtype::Uint32) {
+            return bad(format!(
+                "tokens must be int32 or uint32, got {:?}",
+                tokens.dtype()
+            ));
         }
         if b < 1 || l < 1 {
             return bad(format!("empty token batch {:?}", tokens.shape()));

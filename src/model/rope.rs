@@ -81,7 +81,7 @@ impl Rope {
     }
 
     /// Rotates `x` `[B, heads, L, head_dim]`, row `b` for positions `offsets[b]..+L`
-    /// (`offsets`: int32 `[B]`).
+    /// (`offsets`: int32 `[B]`, or a scalar for every row).
     pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
         Ok(rope_dynamic(
             x,
