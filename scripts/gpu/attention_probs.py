@@ -10,6 +10,7 @@ For e4b's attention shapes (8 query heads, 2 KV heads, head dim 256 / 512, bf16)
   - the attention output `matmul(p, v)` from those probabilities vs MLX's
     `scaled_dot_product_attention` (bit-equal: must be 1.0);
   - batch independence: a row alone == the same row inside a 5-row call;
+  - split independence: the same probabilities with the keys on 1 block or 16 per head;
   - host + device time of one layer's attention for 1 and 8 rows: MLX's op per row vs the
     kernel + one matmul per row.
 `--variant` swaps in alternative roundings (for finding MLX's by trial, as session 8 did).
@@ -31,6 +32,9 @@ BODY = open(os.path.join(ROOT, "src/model/kernels/attention_probs.cu")).read()
 HEADER = "#include <cooperative_groups/reduce.h>\n"  # src/model/attention_probs.rs HEADER
 MAX_KEYS = 8192
 ROWS_PER_CALL = 8  # src/model/attention_probs.rs
+# src/model/attention_probs.rs: keys per split block, most blocks per (row, head), blocks a
+# call aims at, most heads a split call takes.
+KEYS_PER_CHUNK, MAX_CHUNKS, TARGET_BLOCKS, MAX_HEADS = 64, 16, 264, 64
 
 VARIANTS = {
     "literal": [],
@@ -57,7 +61,8 @@ def source(rows, variant):
         s += (f"  case {r}: kr = k{r}; pr = p{r}; n_keys = k{r}_shape[2]; kv_heads = k{r}_shape[1];\n"
               f"    k_head = k{r}_strides[1]; k_step = k{r}_strides[2]; break;\n")
     s += ("  default: return;\n}\nconst T* qh = q + row * q_strides[0] + h * q_strides[1];\n"
-          "T* ph = pr + h * n_keys;\n")
+          "T* ph = pr + h * n_keys;\n"
+          "int* counter = const_cast<int*>(counters) + row * heads + h;\n")
     body = BODY
     for old, new in VARIANTS[variant]:
         assert old in body, old
@@ -68,23 +73,36 @@ def source(rows, variant):
 def make_kernel(variant):
     return mx.fast.cuda_kernel(
         name=f"memexec_attention_probs_{variant}",
-        input_names=["q"] + [f"k{r}" for r in range(ROWS_PER_CALL)],
+        input_names=["q"] + [f"k{r}" for r in range(ROWS_PER_CALL)] + ["counters"],
         output_names=[f"p{r}" for r in range(ROWS_PER_CALL)],
         source=source(ROWS_PER_CALL, variant), header=HEADER, ensure_row_contiguous=False)
 
 
-def kernel_probs(kernel, q, ks, scale):
-    """q [B, H, 1, D]; ks: B arrays [1, G, S_r, D] -> B arrays [1, G, H / G, 1, S_r]."""
+def chunks_for(rows, heads, most_keys):
+    """Blocks per (row, head), as src/model/attention_probs.rs `chunks` picks them."""
+    if heads > MAX_HEADS:
+        return 1
+    by_keys = (most_keys + KEYS_PER_CHUNK - 1) // KEYS_PER_CHUNK
+    return max(1, min(by_keys, TARGET_BLOCKS // max(1, rows * heads), MAX_CHUNKS))
+
+
+def kernel_probs(kernel, q, ks, scale, chunks=None):
+    """q [B, H, 1, D]; ks: B arrays [1, G, S_r, D] -> B arrays [1, G, H / G, 1, S_r].
+    `chunks`: blocks per (row, head) (default: memexec's choice)."""
     rows, d = len(ks), q.shape[-1]
     g = ks[0].shape[1]
-    inputs = [q] + ks + [ks[0]] * (ROWS_PER_CALL - rows)
+    if chunks is None:
+        chunks = chunks_for(rows, HEADS, max(k.shape[2] for k in ks))
+    # A fresh zeroed counter array per call (memexec keeps a ring of them, reset by the kernel).
+    counters = mx.zeros((ROWS_PER_CALL * MAX_HEADS,), dtype=mx.int32)
+    inputs = [q] + ks + [ks[0]] * (ROWS_PER_CALL - rows) + [counters]
     shapes = [(1, g, HEADS // g, 1, k.shape[2]) for k in ks] + [(1,)] * (ROWS_PER_CALL - rows)
     threads = 1024  # src/model/attention_probs.rs THREADS
     outs = kernel(
         inputs=inputs,
         template=[("T", q.dtype), ("D", d), ("SCALE_BITS", scale_bits(scale)),
                   ("MAX_KEYS", MAX_KEYS)],
-        grid=(rows * HEADS * threads, 1, 1),
+        grid=(rows * HEADS * threads, chunks, 1),
         threadgroup=(threads, 1, 1),
         output_shapes=shapes,
         output_dtypes=[q.dtype] * ROWS_PER_CALL,
@@ -125,12 +143,16 @@ def case(kernel, d, n, cap, scale, seed):
     qs = mx.concatenate([q * (i + 1) if i != 2 else q for i in range(5)], axis=0)
     batch = kernel_probs(kernel, qs, rows, scale)
     mx.eval(batch)
+    # The split over blocks changes nothing: one block, and the most blocks.
+    splits = [kernel_probs(kernel, q, [k], scale, chunks=c)[0] for c in (1, MAX_CHUNKS)]
+    mx.eval(splits)
     return {
         "head_dim": d, "keys": n, "buffer": cap, "scale": scale,
         "probs_equal": equal(ours, theirs),
         "output_equal_to_sdpa": equal(out_ours, sdpa),
         "mlx_ops_equal_to_sdpa": equal(out_ops, sdpa),
         "same_in_a_batch": bool(mx.array_equal(ours, batch[2]).item()),
+        "same_for_any_split": all(bool(mx.array_equal(ours, x).item()) for x in splits),
     }
 
 
@@ -207,9 +229,10 @@ def main():
                     print(f"{variant}: D={d:4} S={n:5} scale={scale:<7} probs equal "
                           f"{r['probs_equal']:.4f}  output equal {r['output_equal_to_sdpa']:.4f}  "
                           f"(mlx ops {r['mlx_ops_equal_to_sdpa']:.4f})  same in a batch "
-                          f"{r['same_in_a_batch']}", flush=True)
+                          f"{r['same_in_a_batch']}  same for any split {r['same_for_any_split']}",
+                          flush=True)
         good = all(c["probs_equal"] == 1.0 and c["output_equal_to_sdpa"] == 1.0
-                   and c["same_in_a_batch"] for c in cases)
+                   and c["same_in_a_batch"] and c["same_for_any_split"] for c in cases)
         sweep = sweep_probs(kernel, a.sweep) if a.sweep else None
         if sweep:
             good = good and sweep["unequal_elements"] == 0

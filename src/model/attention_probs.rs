@@ -17,7 +17,7 @@
 //!
 //! Used for one-position queries without a mask (every decode step) when the model resolved
 //! its decode attention to [`super::DecodeAttention::Probs`] at load.
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use mlx_rs::ops::expand_dims;
@@ -71,7 +71,8 @@ pub fn source(rows: usize) -> String {
     s.push_str(
         "  default: return;\n}\n\
          const T* qh = q + row * q_strides[0] + h * q_strides[1];\n\
-         T* ph = pr + h * n_keys;\n",
+         T* ph = pr + h * n_keys;\n\
+         int* counter = const_cast<int*>(counters) + row * heads + h;\n",
     );
     s.push_str(&body());
     s
@@ -82,6 +83,7 @@ fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
     super::row_kernel::bucket_kernel("memexec_attention_probs", rows, |name, n| {
         let inputs: Vec<String> = std::iter::once("q".to_string())
             .chain((0..n).map(|r| format!("k{r}")))
+            .chain(std::iter::once("counters".to_string()))
             .collect();
         let outputs: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
@@ -126,6 +128,62 @@ pub fn attend_rows(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Opt
     Ok(Some(o.reshape(&[q.dim(0), heads, 1, d])?))
 }
 
+/// Keys a block of a split (row, head) scores at most: two per warp.
+const KEYS_PER_CHUNK: i32 = 2 * THREADS / 32;
+
+/// Most blocks one (row, head)'s keys are split over.
+const MAX_CHUNKS: i32 = 16;
+
+/// Blocks a call aims to fill the GPU with (two of CUDA's largest blocks per SM on an H200).
+const TARGET_BLOCKS: i32 = 264;
+
+/// Most heads a split call takes (its counter array holds this many per row); more run one
+/// block per head.
+const MAX_HEADS: i32 = 64;
+
+/// Counter arrays in the ring [`next_counters`] hands out. Calls that share an array must
+/// not run at the same time: MLX runs a stream's CUDA graphs one after another, a graph holds
+/// fewer than 255 nodes (`MLX_MAX_OPS_PER_BUFFER`), and a decode step's attention calls are a
+/// layer (~25 nodes) apart, so calls this many apart never share a graph.
+const COUNTER_RING: usize = 64;
+
+/// Counters per array: one per (row, head) of a call.
+const COUNTER_SLOTS: i32 = ROWS_PER_CALL as i32 * MAX_HEADS;
+
+thread_local! {
+    /// The counter ring (made on first use, all zeros) and the next array to hand out.
+    static COUNTERS: RefCell<(Vec<Array>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+}
+
+/// Blocks each (row, head) of a call is split over: enough blocks to fill the GPU, each
+/// scoring at least [`KEYS_PER_CHUNK`] keys of the longest row.
+fn chunks(rows: i32, heads: i32, most_keys: i32) -> i32 {
+    if heads > MAX_HEADS {
+        return 1;
+    }
+    let by_keys = (most_keys + KEYS_PER_CHUNK - 1) / KEYS_PER_CHUNK;
+    let by_blocks = TARGET_BLOCKS / (rows * heads).max(1);
+    by_keys.min(by_blocks).clamp(1, MAX_CHUNKS)
+}
+
+/// The next array of arrival counters (int32, zero between calls: the kernel's last block of
+/// each (row, head) resets its counter).
+fn next_counters() -> Result<Array> {
+    COUNTERS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0.is_empty() {
+            let ring = (0..COUNTER_RING)
+                .map(|_| mlx_rs::ops::zeros_dtype(&[COUNTER_SLOTS], Dtype::Int32))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            mlx_rs::transforms::eval(&ring)?;
+            c.0 = ring;
+        }
+        let at = c.1 % c.0.len();
+        c.1 = at + 1;
+        Ok(c.0[at].clone())
+    })
+}
+
 /// One kernel call over at most [`ROWS_PER_CALL`] rows: row `r`'s probabilities
 /// `[1, kv_heads, heads / kv_heads, 1, S_r]`. Every block gets CUDA's most threads: the
 /// scores take one warp per key, and a decode step's host work does not grow with them.
@@ -151,11 +209,14 @@ fn probabilities(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Vec<A
             }
         }
     }
+    let counters = next_counters()?;
+    inputs.push(&counters);
+    let most_keys = kv.iter().map(|(k, _)| k.dim(2)).max().unwrap_or(1);
     let outputs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (&s[..], dtype)).collect();
     let mut out = kernel.apply(
         &inputs,
         &outputs,
-        [rows * heads * THREADS, 1, 1],
+        [rows * heads * THREADS, chunks(rows, heads, most_keys), 1],
         [THREADS, 1, 1],
         &super::attention::kernel_constants(dtype, d, scale, MAX_KEYS),
     )?;
@@ -254,6 +315,19 @@ mod tests {
         }
         assert!(self_check().is_err());
         assert!(!available());
+    }
+
+    #[test]
+    fn a_head_splits_over_more_blocks_only_while_the_gpu_has_room() {
+        // One row, 8 heads (e4b): 528 keys -> 9 blocks of <= 64 keys; a short row stays whole.
+        assert_eq!(chunks(1, 8, 528), 9);
+        assert_eq!(chunks(1, 8, 37), 1);
+        // Long rows stop at MAX_CHUNKS; wide calls stop at TARGET_BLOCKS.
+        assert_eq!(chunks(1, 8, 8192), MAX_CHUNKS);
+        assert_eq!(chunks(8, 8, 528), TARGET_BLOCKS / 64);
+        assert_eq!(chunks(8, 64, 8192), 1);
+        // More heads than a counter array holds: one block per head.
+        assert_eq!(chunks(1, MAX_HEADS + 1, 8192), 1);
     }
 
     #[test]

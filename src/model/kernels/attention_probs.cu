@@ -13,10 +13,18 @@
 // `MAX_KEYS`. memexec prepends a prologue (src/model/attention_probs.rs, `source`) that picks
 // this block's row and defines `heads`, `h`, `kv_heads`, `n_keys`, the row's keys `kr` with
 // their head / position strides `k_head` / `k_step`, `qh` (this head's query) and `ph` (this
-// head's `n_keys` probabilities in the row's output). Launch: grid (rows * heads * threads),
-// threadgroup (threads, 1, 1) with threads a multiple of 32 of at least
-// `softmax_threads(n_keys)` for every row. (The host adds `#include <cooperative_groups/reduce.h>`
-// to MLX's header.)
+// head's `n_keys` probabilities in the row's output), and `counter`, this block's (row, head)
+// arrival counter (an int32 that is 0 between calls). Launch: grid (rows * heads * threads,
+// chunks, 1), threadgroup (threads, 1, 1) with threads a multiple of 32 of at least
+// `softmax_threads(n_keys)` for every row. (The host adds `#include
+// <cooperative_groups/reduce.h>` to MLX's header.)
+//
+// A (row, head)'s keys are split over `chunks` blocks (blockIdx.y): one block per head would
+// leave most of the GPU idle in a one-row step. With more than one chunk each block writes its
+// scores to the output, the last block to arrive at the counter (which it resets to 0) reads
+// them all back and runs the softmax; with one chunk the scores stay in shared memory. A
+// score is computed the same way whichever block computes it, so the bits do not depend on
+// the split.
 //
 // Each step mirrors an MLX kernel (public source, mlx/backend/cuda/):
 // - scaling: `multiply(array(scale, T), q)`, one rounding to T;
@@ -30,10 +38,12 @@
 // Scores each softmax thread takes per pass: 16 bytes' worth, as MLX (8 for bf16 / f16).
 constexpr int N_READS = 16 / sizeof(T);
 static_assert(D % 128 == 0, "head dim must be a multiple of 128");
+static_assert(sizeof(T) == 2, "bf16 / f16 activations only");
 
 __shared__ T s_scores[MAX_KEYS];
 __shared__ float s_max[32];
 __shared__ float s_norm[32];
+__shared__ bool s_last;
 
 auto block = cg::this_thread_block();
 auto warp = cg::tiled_partition<32>(block);
@@ -43,6 +53,11 @@ const int lane = threadIdx.x % 32;
 const int g = h / (heads / kv_heads);
 const T* kh = kr + g * k_head;
 const T scale = static_cast<T>(__int_as_float(SCALE_BITS));
+const int chunks = gridDim.y;
+const int per_chunk = (n_keys + chunks - 1) / chunks;
+const int key_begin = blockIdx.y * per_chunk;
+const int key_end = min(n_keys, key_begin + per_chunk);
+T* scores = chunks == 1 ? s_scores : ph;
 
 // Scores (gemv.cu's gemv_impl): one warp per key, the scaled query held in registers in the
 // order a lane reads it.
@@ -54,7 +69,7 @@ const T scale = static_cast<T>(__int_as_float(SCALE_BITS));
         qs[i] = static_cast<float>(static_cast<T>(scale * qh[c + NP * lane + j]));      \
       }                                                                                 \
     }                                                                                   \
-    _Pragma("unroll 4") for (int key = warp_id; key < n_keys; key += warps) {           \
+    _Pragma("unroll 4") for (int key = key_begin + warp_id; key < key_end; key += warps) { \
       const T* row_k = kh + key * k_step;                                               \
       float sum = 0.f;                                                                  \
       _Pragma("unroll") for (int c = 0, i = 0; c < D; c += 32 * NP) {                   \
@@ -64,7 +79,7 @@ const T scale = static_cast<T>(__int_as_float(SCALE_BITS));
       }                                                                                 \
       sum = cg::reduce(warp, sum, cg::plus<float>());                                   \
       if (lane == 0) {                                                                  \
-        s_scores[key] = static_cast<T>(sum);                                            \
+        scores[key] = static_cast<T>(sum);                                              \
       }                                                                                 \
     }                                                                                   \
   }
@@ -79,6 +94,28 @@ if (k_addr % (4 * sizeof(T)) == 0) {
   MEMEXEC_SCORES(1)
 }
 #undef MEMEXEC_SCORES
+if (chunks > 1) {
+  // The threadFenceReduction pattern: scores visible device-wide before the arrival counts.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s_last = atomicAdd(counter, 1) == chunks - 1;
+  }
+  __syncthreads();
+  if (!s_last) {
+    return;
+  }
+  if (threadIdx.x == 0) {
+    atomicExch(counter, 0);
+  }
+  __threadfence();
+  // Read past this SM's L1, which other blocks' stores do not update.
+  const unsigned short* written = reinterpret_cast<const unsigned short*>(ph);
+  for (int key = threadIdx.x; key < n_keys; key += blockDim.x) {
+    const unsigned short b = __ldcg(written + key);
+    s_scores[key] = *reinterpret_cast<const T*>(&b);
+  }
+}
 __syncthreads();
 
 // Softmax (softmax.cu's kernel, precise) over BLOCK_DIM virtual threads.
