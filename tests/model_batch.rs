@@ -202,3 +202,29 @@ fn the_cpu_decoder_keeps_mlx_products() {
     assert!(!decoder.product_kernel());
     assert!(!decoder.base_ctx().product_kernel);
 }
+
+/// A decode step fed the previous step's uint32 picks as they are (serial and batched decoding
+/// feed them back uncast) computes the logits of the same ids given as int32, bit for bit; other
+/// dtypes are refused.
+#[test]
+fn uint32_tokens_give_the_int32_logits() {
+    let fixture = "tiny-gemma4-q4-f32";
+    let model = Model::load_with(&model_dir(fixture), WeightChoice::Quantized).expect("load");
+    let ctx = ForwardCtx::default();
+    let prompt = oracle(fixture).prompts[0].prompt_ids.clone();
+    let ids = [prompt[1], prompt[prompt.len() / 2]];
+    let step = |tokens: &Array| {
+        let mut caches: Vec<RowCache> = (0..2).map(|_| model.new_cache()).collect();
+        for cache in caches.iter_mut() {
+            prefill(&model, &prompt, cache, PREFILL_STEP, &ctx).expect("prefill");
+        }
+        let mut refs: Vec<&mut RowCache> = caches.iter_mut().collect();
+        model.forward_own_tokens(tokens, &mut refs, &ctx)
+    };
+    let int32 = logits_rows(&step(&step_tokens(&ids)).expect("int32 step"));
+    let uint32 = logits_rows(&step(&Array::from_slice(&ids, &[2, 1])).expect("uint32 step"));
+    assert_eq!(int32, uint32);
+    let floats = Array::from_slice(&[1.0f32, 2.0], &[2, 1]);
+    let err = step(&floats).err().expect("float tokens must be refused");
+    assert!(err.to_string().contains("int32 or uint32"), "{err}");
+}
