@@ -141,11 +141,13 @@ const TARGET_BLOCKS: i32 = 264;
 /// block per head.
 const MAX_HEADS: i32 = 64;
 
-/// Counter arrays in the ring [`next_counters`] hands out. Calls that share an array must
-/// not run at the same time: MLX runs a stream's CUDA graphs one after another, a graph holds
-/// fewer than 255 nodes (`MLX_MAX_OPS_PER_BUFFER`), and a decode step's attention calls are a
-/// layer (~25 nodes) apart, so calls this many apart never share a graph.
-const COUNTER_RING: usize = 64;
+/// Counter arrays in the ring [`next_counters`] hands out (2 KB each). Calls that share an
+/// array must not run at the same time. MLX runs a stream's CUDA graphs one after another and
+/// only a graph's own independent kernels side by side (the row chunks of one layer, the split
+/// forwards of `MEMEXEC_ROWS_PER_FORWARD`); a graph holds at most a few hundred nodes
+/// (`MLX_MAX_OPS_PER_BUFFER`) and each call comes with a layer's ~25 other nodes, so calls this
+/// many apart are never in one graph.
+const COUNTER_RING: usize = 256;
 
 /// Counters per array: one per (row, head) of a call.
 const COUNTER_SLOTS: i32 = ROWS_PER_CALL as i32 * MAX_HEADS;
