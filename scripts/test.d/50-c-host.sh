@@ -3,7 +3,7 @@
 # run again under valgrind (no definite leaks; a smaller thread load, valgrind being slow).
 # The valgrind run is serial (MLX_BUN_MEMORY_BATCH=1): each batched engine start runs the
 # batched-vs-serial self-check, ~450 s per start under valgrind; the batched path's memory
-# is covered by tests/batch_exact.rs (1000 batches without active-memory growth).
+# is covered by tests/batch_exact.rs (250 batches without active-memory growth).
 # OPENBLAS_NUM_THREADS=1 there: under valgrind's one-thread-at-a-time scheduler, OpenBLAS's
 # exit handler (gotoblas_quit -> blas_thread_shutdown_) can wait forever in pthread_join on a
 # worker that missed its wake-up (seen 2026-11-30: every check passed, then the process hung at
