@@ -225,6 +225,6 @@ fn uint32_tokens_give_the_int32_logits() {
     let uint32 = logits_rows(&step(&Array::from_slice(&ids, &[2, 1])).expect("uint32 step"));
     assert_eq!(int32, uint32);
     let floats = Array::from_slice(&[1.0f32, 2.0], &[2, 1]);
-    let err = step(&floats).err().expect("float tokens must be refused");
+    let err = step(&floats).expect_err("float tokens must be refused");
     assert!(err.to_string().contains("int32 or uint32"), "{err}");
 }
