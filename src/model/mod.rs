@@ -317,9 +317,9 @@ impl Model {
 
     /// Logits of the LAST position of each row, `[B, vocab]`, float32.
     ///
-    /// `tokens` is `[B, L]` int32 (or uint32) with one cache per row. B = 1: any L (prefill or a serial
-    /// step). B > 1: L must be 1 (a batched decode step); each row attends over its own cache
-    /// at its own offset, so its logits equal the B = 1 ones bit for bit.
+    /// `tokens` is `[B, L]` int32 (or uint32) with one cache per row. B = 1: any L (prefill or
+    /// a serial step). B > 1: L must be 1 (a batched decode step); each row attends over its
+    /// own cache at its own offset, so its logits equal the B = 1 ones bit for bit.
     pub fn forward(
         &self,
         tokens: &Array,
