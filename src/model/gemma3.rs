@@ -3,7 +3,7 @@
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
-use super::activation::{clip_residual, gelu_approx};
+use super::activation::{cached_scalar, clip_residual, gelu_approx};
 use super::attention::{attend_rows, merge_heads, split_heads, AttentionForm, RowKv, RowOffsets};
 use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma3Config, LayerType, QuantConfig, RopeParams};
@@ -234,8 +234,7 @@ impl Gemma3 {
         let dt = self.dtype;
         let mut h = self.embed_tokens.forward(tokens)?;
         // mlx-lm rounds sqrt(hidden) to bf16 before casting to the activation dtype.
-        let s = Array::from_f32((self.cfg.hidden_size as f64).sqrt() as f32)
-            .as_dtype(Dtype::Bfloat16)?;
+        let s = cached_scalar((self.cfg.hidden_size as f64).sqrt(), Dtype::Bfloat16)?;
         h = h.multiply(s.as_dtype(dt)?)?;
 
         let pattern = self.cfg.sliding_window_pattern;
