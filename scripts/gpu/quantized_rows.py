@@ -15,7 +15,12 @@ random activations against weights quantized by MLX:
 Also f16 / f32 activations, groups of 32 / 128, and an input whose rows start 3 elements into
 their buffer (the kernel's element loads instead of vector loads).
 
-Usage: quantized_rows.py [--out FILE] [--reps N]
+And the device time per product of the e4b's larger shapes (8 rows and 1 row through the kernel,
+1 row through MLX's product).
+
+Usage: quantized_rows.py [--out FILE] [--reps N] [--timing-only] [--source CU --header CUH]
+  (--source / --header time or check another version of the kernel, e.g. an older commit's
+  `git show REV:src/model/kernels/quantized_rows.cu`)
 """
 import argparse
 import json
@@ -24,14 +29,19 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from device_timing import chain_time
+from device_timing import chain_time, timed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SOURCE = open(os.path.join(ROOT, "src/model/kernels/quantized_rows.cu")).read()
-HEADER = "#include <cooperative_groups/reduce.h>\n"  # src/model/quantized_rows.rs
-KERNEL = mx.fast.cuda_kernel(
-    name="memexec_quantized_rows", input_names=["x", "w", "scales", "biases"],
-    output_names=["out"], source=SOURCE, header=HEADER, ensure_row_contiguous=True)
+KERNEL = None
+
+
+def make_kernel(source, header):
+    """The kernel as src/model/quantized_rows.rs makes it (comments do not change the code)."""
+    global KERNEL
+    KERNEL = mx.fast.cuda_kernel(
+        name="memexec_quantized_rows", input_names=["x", "w", "scales", "biases"],
+        output_names=["out"], source=open(source).read(), header=open(header).read() + "\n",
+        ensure_row_contiguous=True)
 
 
 # (n, k) of the e4b's products: q / k / v / fused qkv of sliding and full layers, o, fused
@@ -89,10 +99,15 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="first N shapes only")
+    ap.add_argument("--source", default=os.path.join(ROOT, "src/model/kernels/quantized_rows.cu"),
+                    help="the kernel body (default: memexec's)")
+    ap.add_argument("--header", default=os.path.join(ROOT, "src/model/kernels/quantized_rows_header.cuh"))
+    ap.add_argument("--timing-only", action="store_true", help="skip the equality cases")
     a = ap.parse_args()
+    make_kernel(a.source, a.header)
     results = {"mlx": mx.__version__, "device": str(mx.default_device()), "cases": [], "timing": []}
     seed = 0
-    for n, k in SHAPES[: a.shapes]:
+    for n, k in ([] if a.timing_only else SHAPES[: a.shapes]):
         for rows in ((1, 3, 8, 16) if n * k > 5e8 else (1, 2, 7, 8, 9, 16)):
             seed += 1
             r = case(n, k, rows, seed)
@@ -102,7 +117,7 @@ def main():
                   f" MLX all rows {r['mlx_all_rows_equal_to_one_row']:.4f}", flush=True)
     for dtype, group, unaligned in ((mx.float16, 64, False), (mx.float32, 64, False),
                                     (mx.bfloat16, 32, False), (mx.bfloat16, 128, False),
-                                    (mx.bfloat16, 64, True)):
+                                    (mx.bfloat16, 64, True)) if not a.timing_only else ():
         seed += 1
         r = case(2048, 2560 + 128, 8, seed, group=group, dtype=dtype, unaligned=unaligned)
         results["cases"].append(r)
@@ -123,6 +138,23 @@ def main():
                          "mlx_one_row_us": one}
     print(f"timing 2560x2560: kernel 8 rows {kern:.1f} us/call, MLX 2 chunks of 4 {chunks:.1f}, "
           f"MLX 1 row {one:.1f}, kernel 1 row {kern1:.1f}", flush=True)
+    # Device time per product of the e4b's larger shapes: 42 independent calls per evaluation
+    # (the host's encoding of 42 nodes hides behind the device's work at these sizes).
+    results["e4b_shapes_us"] = []
+    for n, k in [(3072, 2560), (20480, 2560), (2560, 10240), (10752, 2560), (262144, 2560)]:
+        kw, kx = mx.random.split(mx.random.key(n + k))
+        w, s, b = mx.quantize((mx.random.normal((n, k), key=kw) * 0.02).astype(mx.bfloat16),
+                              group_size=64, bits=4)
+        x = mx.random.normal((8, k), key=kx).astype(mx.bfloat16)
+        mx.eval(w, s, b, x)
+        calls = 42 if n * k < 1e8 else 4
+        row = {"n": n, "k": k}
+        for label, f, xr in (("kernel_8_rows", kernel_rows, x), ("kernel_1_row", kernel_rows, x[:1]),
+                             ("mlx_1_row", mlx_product, x[:1])):
+            row[label] = timed(lambda: [f(xr, w, s, b, 64, 4) for _ in range(calls)], a.reps) / calls
+        results["e4b_shapes_us"].append(row)
+        print(f"time {n}x{k}: kernel 8 rows {row['kernel_8_rows']:.1f} us, kernel 1 row "
+              f"{row['kernel_1_row']:.1f}, MLX 1 row {row['mlx_1_row']:.1f}", flush=True)
     bad = [c for c in results["cases"] if c["equal_to_mlx_one_row"] != 1.0]
     results["ok"] = not bad
     if a.out:

@@ -21,14 +21,15 @@ use std::rc::Rc;
 use mlx_rs::{Array, Dtype};
 
 use super::linear::QuantizedMatrix;
+use super::row_kernel::without_comment_lines;
 use crate::error::{Error, Result};
 use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/quantized_rows.cu");
 
 /// What the kernel needs beyond MLX's default header (which has `cooperative_groups.h`):
-/// `cg::reduce`, MLX's own warp reduction.
-const HEADER: &str = "#include <cooperative_groups/reduce.h>\n";
+/// `cg::reduce`, MLX's own warp reduction, and the paired-accumulator helpers.
+const HEADER: &str = include_str!("kernels/quantized_rows_header.cuh");
 
 /// Input rows one block row of the kernel takes (its `ROWS`); output columns per block (its
 /// `COLS_PER_BLOCK`, one warp each).
@@ -48,8 +49,8 @@ fn kernel() -> Result<Rc<CudaKernel>> {
             "memexec_quantized_rows",
             &["x", "w", "scales", "biases"],
             &["out"],
-            SOURCE,
-            HEADER,
+            &without_comment_lines(SOURCE),
+            &(without_comment_lines(HEADER) + "\n"),
             true,
         )
     })

@@ -9,7 +9,8 @@
 // Body of an MLX custom kernel (`mlx::core::fast::cuda_kernel`). MLX writes the signature
 // (`x`, `w`, `scales`, `biases` with `x_shape` / `w_shape` / `scales_shape`, output `out`),
 // the template constants `T` (element type) and `GROUP` (group size), and its default header
-// (cooperative groups as `cg`); memexec's header adds `<cooperative_groups/reduce.h>`.
+// (cooperative groups as `cg`); memexec's header (quantized_rows_header.cuh) adds
+// `<cooperative_groups/reduce.h>` and the paired-accumulator helpers.
 // Launch: grid (ceil(n / 8) * 32, ceil(rows / 8) * 8, 1) threads, threadgroup (32, 8, 1): one
 // warp per output column, eight columns per block, one block row per 8 input rows; the warp
 // dequantizes its column's weights once for all of its rows. x `[rows, ..., k]` row
@@ -23,6 +24,12 @@
 // Found by trial against MLX's kernel on the H200 (scripts/gpu/quantized_rows.py): a
 // dequantization rounded after the product (`T(q * s) + b`) or f32 accumulators agree in
 // only ~30-40% of elements; this form in 100%.
+// The kernel keeps accumulators 2j and 2j + 1 in one register and updates both with one
+// paired fma (`fma.rn.bf16x2`: each half rounded once, as the scalar fma), and converts two
+// dequantized weights with one paired conversion (each rounded to nearest): the same bits in
+// about half the instructions, and half the registers for the 8 rows x 16 accumulators. On
+// the H200 that took a product of 8 rows from 136 to 89 us (20480 x 2560) and the output head
+// from 1877 to 1154 us (benchmarks/2026-12-01-h200-session14/).
 constexpr int ROWS = 8;
 constexpr int COLS_PER_BLOCK = 8;
 constexpr int EPT = sizeof(T) <= 2 ? 16 : 8;
@@ -50,22 +57,15 @@ const T* bc = biases + static_cast<int64_t>(col) * groups;
 // aligned for them; views with odd offsets take the element loads.
 const bool vec = reinterpret_cast<size_t>(x) % 16 == 0 && reinterpret_cast<size_t>(w) % 8 == 0;
 
-// One rounding in T (`fma.rn` of the type). Generic, so the branch a float T does not take is
-// never instantiated (the body itself is not a template).
-auto fma_t = [](auto a, auto b, auto c) {
-  if constexpr (sizeof(a) == 2) {
-    return __hfma(a, b, c);
-  } else {
-    return fmaf(a, b, c);
-  }
-};
-
-T sums[ROWS][EPT];
+// Accumulators in pairs of T (see quantized_rows_header.cuh): pair j of a row holds MLX's
+// accumulators 2j (.x) and 2j + 1 (.y), each updated by its own once-rounded fma.
+using T2 = decltype(memexec_cvt2(T(0.0f), 0.0f, 0.0f));
+T2 sums[ROWS][EPT / 2];
 #pragma unroll
 for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
-  for (int i = 0; i < EPT; ++i) {
-    sums[r][i] = T(0.0f);
+  for (int j = 0; j < EPT / 2; ++j) {
+    sums[r][j] = memexec_cvt2(T(0.0f), 0.0f, 0.0f);
   }
 }
 
@@ -88,11 +88,13 @@ auto tile = [&](int idx) {
       words[j] = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
     }
   }
-  T wd[EPT];
+  T2 wd[EPT / 2];
 #pragma unroll
-  for (int i = 0; i < EPT; ++i) {
-    const unsigned q = (words[i / 8] >> (4 * (i % 8))) & 0xfu;
-    wd[i] = T(fmaf(static_cast<float>(q), s, b));
+  for (int j = 0; j < EPT / 2; ++j) {
+    const unsigned q0 = (words[(2 * j) / 8] >> (4 * ((2 * j) % 8))) & 0xfu;
+    const unsigned q1 = (words[(2 * j + 1) / 8] >> (4 * ((2 * j + 1) % 8))) & 0xfu;
+    wd[j] = memexec_cvt2(T(0.0f), fmaf(static_cast<float>(q0), s, b),
+                         fmaf(static_cast<float>(q1), s, b));
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
@@ -111,9 +113,10 @@ auto tile = [&](int idx) {
           xv[i] = xr[i];
         }
       }
+      const T2* xv2 = reinterpret_cast<const T2*>(xv);
 #pragma unroll
-      for (int i = 0; i < EPT; ++i) {
-        sums[r][i] = fma_t(xv[i], wd[i], sums[r][i]);
+      for (int j = 0; j < EPT / 2; ++j) {
+        sums[r][j] = memexec_fma2(xv2[j], wd[j], sums[r][j]);
       }
     }
   }
@@ -134,8 +137,10 @@ for (int r = 0; r < ROWS; ++r) {
   if (r < rows) {
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < EPT; ++i) {
-      sum += static_cast<float>(sums[r][i]);
+    for (int j = 0; j < EPT / 2; ++j) {
+      const float2 p = memexec_float2(sums[r][j]);
+      sum += p.x;
+      sum += p.y;
     }
     sum = cg::reduce(warp, sum, cg::plus<float>());
     if (warp.thread_rank() == 0) {
