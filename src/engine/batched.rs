@@ -115,6 +115,18 @@ impl Pending {
     }
 }
 
+/// The picks array of the step queued last when `group` is exactly its rows, in its order
+/// (each row pending at index `i` of the same picks, which hold as many tokens as `group`).
+fn whole_picks<'a, T>(group: &'a [&mut Row<T>]) -> Option<&'a Array> {
+    let first = &group.first()?.pending.as_ref()?.picks;
+    let all = group.iter().enumerate().all(|(i, r)| {
+        r.pending
+            .as_ref()
+            .is_some_and(|p| p.index == i && Rc::ptr_eq(&p.picks, first))
+    });
+    (all && first.array.size() == group.len()).then_some(&first.array)
+}
+
 /// A row in the running set: its cache, the token to feed next, what it generated so far.
 pub struct Row<T> {
     tag: T,
@@ -395,20 +407,26 @@ impl<'a> Decoder<'a> {
             .collect();
         let mut parts = Vec::new();
         for group in members.chunks_mut(self.rows_per_forward.max(1)) {
-            let mut inputs = Vec::with_capacity(group.len());
-            let mut stacks = Vec::with_capacity(group.len());
-            for r in group.iter() {
-                inputs.push(match &r.pending {
-                    Some(p) => p.input()?,
-                    // uint32 like the picks, so the concatenation keeps one dtype.
-                    None => Array::from_slice(&[r.last], &[1, 1]),
-                });
-                stacks.push(r.adapters.clone());
-            }
-            let tokens = if inputs.len() == 1 {
-                inputs.swap_remove(0)
-            } else {
-                concatenate(&inputs, 0)?
+            let stacks = group.iter().map(|r| r.adapters.clone()).collect();
+            let tokens = match whole_picks(group) {
+                // The steady state: the rows of the previous step, in its order. Its picks
+                // are this step's tokens as they are: no slices and no concatenation (on MLX
+                // CUDA one copy kernel per row, each reading a page the host is reading too).
+                Some(picks) => picks.reshape(&[group.len() as i32, 1])?,
+                None => {
+                    let inputs = group
+                        .iter()
+                        .map(|r| match &r.pending {
+                            Some(p) => p.input(),
+                            // uint32 like the picks, so the concatenation keeps one dtype.
+                            None => Ok(Array::from_slice(&[r.last], &[1, 1])),
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    match <[Array; 1]>::try_from(inputs) {
+                        Ok([one]) => one,
+                        Err(inputs) => concatenate(&inputs, 0)?,
+                    }
+                }
             };
             let ctx = self.ctx(stacks)?;
             let mut caches: Vec<&mut RowCache> = group.iter_mut().map(|r| &mut r.cache).collect();
