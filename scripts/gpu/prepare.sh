@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Collect, HERE, what travels to the GPU machine (../shared/GPU.md), into the ignored folder
 # .gpu/ as two bundles that each fit one device call (64 MiB with the working tree):
-#   .gpu/send1/  mlx-cuda-13 wheel part 1, the f32 tiny fixture + its mlx-lm oracle (tar.gz)
+#   .gpu/send1/  mlx-cuda-13 wheel part 1, the release binary (xz)
 #   .gpu/send2/  mlx-cuda-13 wheel part 2, the mlx + mlx-lm cp312 wheels, the Gemma-4 tokenizer
-#                (tar.xz), the release binary (xz); with --bf16-fixture also the bf16 tiny
+#                (tar.xz); with --bf16-fixture also the bf16 tiny
 #                fixture + its oracle (tar.gz: 7 MiB, which no device script reads today; the
 #                e4b checks cover bf16)
+#   .gpu/send3/  optional: the f32 tiny fixture + its mlx-lm oracle (tar.gz), for `oracle_gpu`
+#                only (the tiny fixture is no GPU oracle: session 2); it stopped fitting in
+#                send1 once the tree passed ~15 MiB. Carry it in any later call.
 # Each bundle holds MANIFEST-<n> (sha256 of its files, the bundle count and a prepare id),
 # so scripts/gpu/remote.sh can check what arrived and tell what is still missing.
 #
@@ -35,9 +38,12 @@ for a in "$@"; do
   esac
 done
 # A device call carries the working tree as well as one bundle, 64 MiB in all: a bundle may
-# take what the tracked files leave, less 256 KiB for untracked ones.
-tree_bytes=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-tree_kib=$((tree_bytes / 1024))
+# take what the tracked and untracked-not-ignored files leave, less 256 KiB. Counted in disk
+# blocks (`du -k`), as the device tool counts: with ~560 small files that is ~1.3 MiB more
+# than their bytes. (One `du -c` over `xargs` would total only xargs' last batch.)
+tree_kib=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } |
+  xargs -0 du -k 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+tree_bytes=$((tree_kib * 1024))
 if [ -n "${BUNDLE_MAX_MIB:-}" ]; then
   MAX_BYTES=$((BUNDLE_MAX_MIB * 1048576))
 else
@@ -91,10 +97,11 @@ fi
 
 # --- bundles
 OUTD=$ROOT/.gpu
-rm -rf "$OUTD/send1" "$OUTD/send2" "$OUTD/stage"
-mkdir -p "$OUTD/send1" "$OUTD/send2" "$OUTD/stage"
+rm -rf "$OUTD/send1" "$OUTD/send2" "$OUTD/send3" "$OUTD/stage"
+mkdir -p "$OUTD/send1" "$OUTD/send2" "$OUTD/send3" "$OUTD/stage"
 S1=$OUTD/send1
 S2=$OUTD/send2
+S3=$OUTD/send3
 split -b 44000000 -d -a 1 "$WHEELS/$CUDA_WHL" "$OUTD/stage/cuda.part"
 nparts=$(ls "$OUTD/stage"/cuda.part* | wc -l)
 [ "$nparts" = 2 ] || die "expected the CUDA wheel in 2 parts, got $nparts"
@@ -108,19 +115,19 @@ pack_fixture() { # name dest
   cp "$FIX/oracle/$1.json" "$OUTD/stage/fx/$1/oracle/"
   tar -C "$OUTD/stage/fx/$1" -cf - . | gzip -6 >"$2/fixture-$1.tar.gz"
 }
-pack_fixture tiny-gemma4-q4-f32 "$S1"
+pack_fixture tiny-gemma4-q4-f32 "$S3"
 [ "$BF16_FIXTURE" = 1 ] && pack_fixture tiny-gemma4-q4 "$S2"
 if [ "$NO_BINARY" = 0 ]; then
-  xz -T2 -6 -c "$BIN" >"$S2/memexec.xz"
+  xz -T2 -6 -c "$BIN" >"$S1/memexec.xz"
 fi
 rm -rf "$OUTD/stage"
 
 # --- manifests: sha256 per file, the bundle count, one id for this prepare run
-ID=$(cat "$S1"/* "$S2"/* | sha256sum | cut -c1-16)
-for n in 1 2; do
+ID=$(cat "$S1"/* "$S2"/* "$S3"/* | sha256sum | cut -c1-16)
+for n in 1 2 3; do
   d=$OUTD/send$n
   {
-    echo "# memexec-gpu bundle $n of 2, prepare id $ID, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "# memexec-gpu bundle $n (1 and 2 required, 3 optional), prepare id $ID, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "id $ID"
     echo "bundles 2"
     echo "cuda_wheel $CUDA_WHL"

@@ -6,6 +6,7 @@
 #      after checking its sha256 manifest;
 #   2. once every bundle is there: reassembles the mlx-cuda-13 wheel, pip-installs it with the
 #      mlx and mlx-lm wheels into /tmp/site, unpacks the tokenizer, the tiny fixtures + oracles
+#      (the optional send3, in whichever call it travels)
 #      and the memexec binary; prints the machine and MLX's device;
 #   3. sets the environment (../shared/GPU.md): PYTHONPATH=/tmp/site, LD_LIBRARY_PATH with
 #      the CUDA libmlx first, MLX_PTX_CACHE_DIR (JIT'd kernels survive between calls);
@@ -95,7 +96,6 @@ if [ "$(cat "$GPU_DIR/installed" 2>/dev/null)" != "$ID" ]; then
   rm -rf "$GPU_DIR/tokenizers" "$GPU_DIR/fixtures" "$GPU_DIR/bin"
   mkdir -p "$GPU_DIR/tokenizers" "$GPU_DIR/fixtures" "$GPU_DIR/bin"
   tar -C "$GPU_DIR/tokenizers" -xJf "$STASH/tokenizer-gemma4.tar.xz" || exit 1
-  for f in "$STASH"/fixture-*.tar.gz; do tar -C "$GPU_DIR/fixtures" -xzf "$f" || exit 1; done
   if [ -f "$STASH/memexec.xz" ]; then
     xz -dc "$STASH/memexec.xz" >"$GPU_DIR/bin/memexec" && chmod +x "$GPU_DIR/bin/memexec"
   fi
@@ -104,6 +104,14 @@ if [ "$(cat "$GPU_DIR/installed" 2>/dev/null)" != "$ID" ]; then
 else
   FRESH=0
 fi
+# Fixtures (the optional send3) may arrive in any call after the install.
+for f in "$STASH"/fixture-*.tar.gz; do
+  [ -f "$f" ] || continue
+  stamp=$GPU_DIR/fixtures/.unpacked-$(basename "$f")
+  [ -f "$stamp" ] && continue
+  tar -C "$GPU_DIR/fixtures" -xzf "$f" || exit 1
+  touch "$stamp"
+done
 
 # --- 3. environment
 SP=$("$PY" -c 'import site; print(site.getsitepackages()[0])')/nvidia
@@ -152,6 +160,7 @@ fi
 oracle_gpu() { # NAME [oracle.py args...]
   local name=$1
   shift
+  [ -d "$FIXTURES/$name" ] || { log "ERROR: fixture $name is not here: carry .gpu/send3 (prepare.sh)"; return 1; }
   "$PY" scripts/fixtures/oracle.py "$FIXTURES" "$OUT/oracle-gpu-$name.json" --model "$name" "$@" &&
     "$PY" scripts/gpu/compare_oracle.py "$FIXTURES/oracle/$name.json" "$OUT/oracle-gpu-$name.json"
 }

@@ -10,28 +10,33 @@
 // (`x`, `w`, `scales`, `biases` with `x_shape` / `w_shape` / `scales_shape`, output `out`),
 // the template constants `T` (element type) and `GROUP` (group size), and its default header
 // (cooperative groups as `cg`); memexec's header (quantized_rows_header.cuh) adds
-// `<cooperative_groups/reduce.h>` and the paired-accumulator helpers.
-// Launch: grid (ceil(n / 8) * 32, ceil(rows / 8) * 8, 1) threads, threadgroup (32, 8, 1): one
-// warp per output column, eight columns per block, one block row per 8 input rows; the warp
-// dequantizes its column's weights once for all of its rows. x `[rows, ..., k]` row
+// `<cooperative_groups/reduce.h>` and the paired helpers.
+// Launch: grid (ceil(n / 8) * 32, ceil(rows / 8) * 8, 1) threads, threadgroup (32, 8, 1): a
+// block takes 8 output columns x 8 input rows; warp y takes rows (y / 4) * 4 .. + 3 and
+// columns (y % 4) * 2, + 1, so each input it reads serves two columns. x `[rows, ..., k]` row
 // contiguous (leading dims flattened); w `[n, k / 8]` uint32 (4-bit); scales / biases
 // `[n, k / GROUP]` of `T`; out `[rows, ..., n]`.
 //
 // MLX's per-lane step for the lane's EPT consecutive inputs at `idx` (4-bit weights q):
-//   w_dq = T(fma(q, scale, bias))      (f32 fma, one rounding to T)
+//   w_dq = T(fma(q, scale, bias))      (one rounding to T)
 //   acc  = fma(x, w_dq, acc)           (accumulators of type T: `fma.rn` of a 2-byte T)
 // then the lane's accumulators are summed in f32 in order, and the warp's sums by `cg::reduce`.
 // Found by trial against MLX's kernel on the H200 (scripts/gpu/quantized_rows.py): a
 // dequantization rounded after the product (`T(q * s) + b`) or f32 accumulators agree in
 // only ~30-40% of elements; this form in 100%.
-// The kernel keeps accumulators 2j and 2j + 1 in one register and updates both with one
-// paired fma (`fma.rn.bf16x2`: each half rounded once, as the scalar fma), and converts two
-// dequantized weights with one paired conversion (each rounded to nearest): the same bits in
-// about half the instructions, and half the registers for the 8 rows x 16 accumulators. On
-// the H200 that took a product of 8 rows from 136 to 89 us (20480 x 2560) and the output head
-// from 1877 to 1154 us (benchmarks/2026-12-01-h200-session14/).
+// Accumulators 2j and 2j + 1 share one register, updated by one paired fma (`fma.rn.bf16x2`:
+// each half rounded once, as the scalar fma); the 2-byte weights are dequantized in pairs
+// without integer-to-float conversions (memexec_dequant). Why this shape, from Nsight Compute
+// on the H200 (benchmarks/2026-12-01-h200-session15/): the one-warp-per-column version read
+// all 8 rows of x per column and was bound by L1 throughput (72%) at 25% occupancy (117
+// registers: 8 rows x 8 paired accumulators); two columns per warp halve those reads with the
+// same 64 accumulator registers, and the block stages each step's inputs in shared memory
+// once for its 8 warps. 8-row products: 20480 x 2560 89-95 -> 78-80 us, 2560 x 10240
+// 59-63 -> 38-40 us, the output head 1154-1169 -> 1040 us, every case still bit-equal.
 constexpr int ROWS = 8;
 constexpr int COLS_PER_BLOCK = 8;
+constexpr int WROWS = 4;
+constexpr int WCOLS = 2;
 constexpr int EPT = sizeof(T) <= 2 ? 16 : 8;
 constexpr int WARP_ELEMS = 32 * EPT;
 
@@ -39,112 +44,166 @@ auto warp = cg::tiled_partition<32>(cg::this_thread_block());
 const int n = w_shape[0];
 const int groups = scales_shape[1];
 const int k = groups * GROUP;
-const int col = blockIdx.x * COLS_PER_BLOCK + threadIdx.y;
-if (col >= n) {
-  return;
-}
+const int lane = threadIdx.x;
+// Warp y takes rows (y / 4) * 4 .. + 3 of the block's 8 and columns (y % 4) * 2, + 1 of its 8:
+// each input read serves two columns (half the reads of one column per warp).
+const int wr0 = (threadIdx.y / (COLS_PER_BLOCK / WCOLS)) * WROWS;
+const int col0 = blockIdx.x * COLS_PER_BLOCK + (threadIdx.y % (COLS_PER_BLOCK / WCOLS)) * WCOLS;
 int m = 1;
 for (int d = 0; d + 1 < x_ndim; ++d) {
   m *= x_shape[d];
 }
 const int row0 = blockIdx.y * ROWS;
 const int rows = min(ROWS, m - row0);
+const int wrows = min(WROWS, rows - wr0);
+const bool active = col0 < n && wrows > 0;
 const T* xb = x + static_cast<int64_t>(row0) * k;
-const unsigned char* wc = reinterpret_cast<const unsigned char*>(w) + static_cast<int64_t>(col) * (k / 2);
-const T* sc = scales + static_cast<int64_t>(col) * groups;
-const T* bc = biases + static_cast<int64_t>(col) * groups;
-// Vector loads when x (EPT elements of a lane: 16 or 32 bytes) and w (EPT / 2 bytes) are
-// aligned for them; views with odd offsets take the element loads.
 const bool vec = reinterpret_cast<size_t>(x) % 16 == 0 && reinterpret_cast<size_t>(w) % 8 == 0;
 
-// Accumulators in pairs of T (see quantized_rows_header.cuh): pair j of a row holds MLX's
-// accumulators 2j (.x) and 2j + 1 (.y), each updated by its own once-rounded fma.
-using T2 = decltype(memexec_cvt2(T(0.0f), 0.0f, 0.0f));
-T2 sums[ROWS][EPT / 2];
-#pragma unroll
-for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-  for (int j = 0; j < EPT / 2; ++j) {
-    sums[r][j] = memexec_cvt2(T(0.0f), 0.0f, 0.0f);
-  }
-}
-
-auto tile = [&](int idx) {
-  const float s = static_cast<float>(sc[idx / GROUP]);
-  const float b = static_cast<float>(bc[idx / GROUP]);
+struct Weights {
   unsigned int words[EPT / 8];
+  T s, b;
+};
+auto load_weights = [&](int c, int idx, Weights& o) {
+  const int col = min(col0 + c, n - 1);
+  const unsigned char* wc = reinterpret_cast<const unsigned char*>(w) + static_cast<int64_t>(col) * (k / 2);
+  o.s = scales[static_cast<int64_t>(col) * groups + idx / GROUP];
+  o.b = biases[static_cast<int64_t>(col) * groups + idx / GROUP];
   if (vec) {
     if constexpr (EPT == 16) {
       const uint2 p = *reinterpret_cast<const uint2*>(wc + idx / 2);
-      words[0] = p.x;
-      words[1] = p.y;
+      o.words[0] = p.x;
+      o.words[1] = p.y;
     } else {
-      words[0] = *reinterpret_cast<const unsigned int*>(wc + idx / 2);
+      o.words[0] = *reinterpret_cast<const unsigned int*>(wc + idx / 2);
     }
   } else {
 #pragma unroll
     for (int j = 0; j < EPT / 8; ++j) {
       const unsigned char* p = wc + idx / 2 + 4 * j;
-      words[j] = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
-    }
-  }
-  T2 wd[EPT / 2];
-#pragma unroll
-  for (int j = 0; j < EPT / 2; ++j) {
-    const unsigned q0 = (words[(2 * j) / 8] >> (4 * ((2 * j) % 8))) & 0xfu;
-    const unsigned q1 = (words[(2 * j + 1) / 8] >> (4 * ((2 * j + 1) % 8))) & 0xfu;
-    wd[j] = memexec_cvt2(T(0.0f), fmaf(static_cast<float>(q0), s, b),
-                         fmaf(static_cast<float>(q1), s, b));
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    if (r < rows) {
-      const T* xr = xb + static_cast<int64_t>(r) * k + idx;
-      alignas(16) T xv[EPT];
-      if (vec) {
-#pragma unroll
-        for (int j = 0; j < EPT * int(sizeof(T)) / 16; ++j) {
-          *reinterpret_cast<uint4*>(&xv[j * 16 / sizeof(T)]) =
-              *reinterpret_cast<const uint4*>(xr + j * 16 / sizeof(T));
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < EPT; ++i) {
-          xv[i] = xr[i];
-        }
-      }
-      const T2* xv2 = reinterpret_cast<const T2*>(xv);
-#pragma unroll
-      for (int j = 0; j < EPT / 2; ++j) {
-        sums[r][j] = memexec_fma2(xv2[j], wd[j], sums[r][j]);
-      }
+      o.words[j] = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
     }
   }
 };
 
-for (int it = 0; it < k / WARP_ELEMS; ++it) {
-  tile(warp.thread_rank() * EPT + it * WARP_ELEMS);
-}
-if (k % WARP_ELEMS) {
-  const int idx = warp.thread_rank() * EPT + k - k % WARP_ELEMS;
-  if (idx < k) {
-    tile(idx);
+using T2 = decltype(memexec_cvt2(T(0.0f), 0.0f, 0.0f));
+T2 sums[WCOLS][WROWS][EPT / 2];
+#pragma unroll
+for (int c = 0; c < WCOLS; ++c) {
+#pragma unroll
+  for (int r = 0; r < WROWS; ++r) {
+#pragma unroll
+    for (int j = 0; j < EPT / 2; ++j) {
+      sums[c][r][j] = memexec_cvt2(T(0.0f), 0.0f, 0.0f);
+    }
   }
 }
 
+// Each step's inputs (8 rows x WARP_ELEMS) are loaded once per block into shared memory, the
+// next step's while this one's are used (two buffers). Chunk (r, h, l) is half h of lane l's
+// EPT inputs of row r, stored so that a warp's 16-byte reads of one half hit 32 consecutive
+// chunks (no bank conflicts). Loading the weights a step ahead as well (registers or
+// `prefetch`) was slower: it costs the registers that keep two blocks per SM.
+constexpr int CHUNK = 16 / sizeof(T);
+constexpr int CHUNKS = ROWS * 2 * 32;
+constexpr int PER_THREAD = CHUNKS / (32 * COLS_PER_BLOCK);
+__shared__ uint4 xs[2][CHUNKS];
+const int tid = threadIdx.y * 32 + lane;
+auto stage = [&](int base, uint4 (&regs)[PER_THREAD]) {
 #pragma unroll
-for (int r = 0; r < ROWS; ++r) {
-  if (r < rows) {
-    float sum = 0.0f;
+  for (int i = 0; i < PER_THREAD; ++i) {
+    const int c = tid + i * 32 * COLS_PER_BLOCK;
+    const int r = c / 64;
+    const int h = (c / 32) % 2;
+    const int l = c % 32;
+    const int e = base + l * EPT + h * CHUNK;
+    regs[i] = make_uint4(0, 0, 0, 0);
+    if (r < rows && e < k) {
+      const T* src = xb + static_cast<int64_t>(r) * k + e;
+      if (vec) {
+        regs[i] = *reinterpret_cast<const uint4*>(src);
+      } else {
+        T* dst = reinterpret_cast<T*>(&regs[i]);
 #pragma unroll
-    for (int j = 0; j < EPT / 2; ++j) {
-      const float2 p = memexec_float2(sums[r][j]);
-      sum += p.x;
-      sum += p.y;
+        for (int j = 0; j < CHUNK; ++j) {
+          dst[j] = src[j];
+        }
+      }
     }
-    sum = cg::reduce(warp, sum, cg::plus<float>());
-    if (warp.thread_rank() == 0) {
-      out[static_cast<int64_t>(row0 + r) * n + col] = T(sum);
+  }
+};
+auto store = [&](int buf, const uint4 (&regs)[PER_THREAD]) {
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) {
+    xs[buf][tid + i * 32 * COLS_PER_BLOCK] = regs[i];
+  }
+};
+auto compute = [&](int buf, int idx) {
+  T2 wd[WCOLS][EPT / 2];
+#pragma unroll
+  for (int c = 0; c < WCOLS; ++c) {
+    Weights wt;
+    load_weights(c, idx, wt);
+    memexec_dequant(wt.words, wt.s, wt.b, wd[c]);
+  }
+#pragma unroll
+  for (int r = 0; r < WROWS; ++r) {
+    if (r < wrows) {
+      alignas(16) T xv[EPT];
+      *reinterpret_cast<uint4*>(&xv[0]) = xs[buf][((wr0 + r) * 2) * 32 + lane];
+      *reinterpret_cast<uint4*>(&xv[CHUNK]) = xs[buf][((wr0 + r) * 2 + 1) * 32 + lane];
+      const T2* xv2 = reinterpret_cast<const T2*>(xv);
+#pragma unroll
+      for (int c = 0; c < WCOLS; ++c) {
+#pragma unroll
+        for (int j = 0; j < EPT / 2; ++j) {
+          sums[c][r][j] = memexec_fma2(xv2[j], wd[c][j], sums[c][r][j]);
+        }
+      }
+    }
+  }
+};
+// Steps of WARP_ELEMS inputs, the last one partial when k is not a multiple (its lanes past k
+// idle): the same per-lane order of fmas as MLX's loop and its remainder step. Every warp
+// takes part in the loads and barriers, also one whose columns or rows are out of range.
+const int steps = (k + WARP_ELEMS - 1) / WARP_ELEMS;
+uint4 regs[PER_THREAD];
+stage(0, regs);
+store(0, regs);
+__syncthreads();
+for (int t = 0; t < steps; ++t) {
+  const int idx = lane * EPT + t * WARP_ELEMS;
+  if (t + 1 < steps) {
+    stage((t + 1) * WARP_ELEMS, regs);
+  }
+  if (active && idx < k) {
+    compute(t & 1, idx);
+  }
+  if (t + 1 < steps) {
+    store((t + 1) & 1, regs);
+  }
+  __syncthreads();
+}
+
+if (!active) {
+  return;
+}
+#pragma unroll
+for (int c = 0; c < WCOLS; ++c) {
+#pragma unroll
+  for (int r = 0; r < WROWS; ++r) {
+    if (r < wrows && col0 + c < n) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < EPT / 2; ++j) {
+        const float2 p = memexec_float2(sums[c][r][j]);
+        sum += p.x;
+        sum += p.y;
+      }
+      sum = cg::reduce(warp, sum, cg::plus<float>());
+      if (warp.thread_rank() == 0) {
+        out[static_cast<int64_t>(row0 + wr0 + r) * n + col0 + c] = T(sum);
+      }
     }
   }
 }

@@ -1,9 +1,10 @@
 // Header of the quantized-rows kernel (quantized_rows.cu): MLX's default header has
-// cooperative groups; this adds `cg::reduce` (MLX's own warp reduction) and the helpers that
-// keep two accumulators of the 2-byte element type in one register. `fma.rn.bf16x2` /
-// `fma.rn.f16x2` round each half once, exactly as the scalar `fma.rn.bf16` / `fma.rn.f16` of
-// MLX's kernel, so a pair is two of MLX's accumulators in half the instructions. Overloads on
-// the element type (a tag argument), because the kernel's body is not a template.
+// cooperative groups; this adds `cg::reduce` (MLX's own warp reduction), the helpers that
+// keep two accumulators of the 2-byte element type in one register, and the paired 4-bit
+// dequantization. `fma.rn.bf16x2` / `fma.rn.f16x2` round each half once, exactly as the scalar
+// `fma.rn.bf16` / `fma.rn.f16` of MLX's kernel, so a pair is two of MLX's accumulators in half
+// the instructions. Overloads on the element type (a tag argument), because the kernel's body
+// is not a template.
 #include <cooperative_groups/reduce.h>
 
 __device__ __forceinline__ __nv_bfloat162 memexec_cvt2(__nv_bfloat16, float a, float b) {
@@ -30,3 +31,62 @@ __device__ __forceinline__ float2 memexec_float2(__nv_bfloat162 p) {
 }
 __device__ __forceinline__ float2 memexec_float2(__half2 p) { return __half22float2(p); }
 __device__ __forceinline__ float2 memexec_float2(float2 p) { return p; }
+
+// 4-bit dequantization in pairs: word `w` holds weights q0..q7 (qi in bits 4i..4i+3); pair j
+// (weights 2j, 2j + 1) becomes T2(fma(q, scale, bias)) with one rounding per half. For the
+// 2-byte types q is made exactly in the type, without integer-to-float conversions: q in the
+// low mantissa bits of MAGIC (bf16 0x4300 = 128, f16 0x6400 = 1024) is MAGIC + q, then
+// `- MAGIC` (exact); the fma is the paired `fma.rn` (product and sum exact, one rounding).
+// On the H200 this gives MLX's bits in every case of quantized_rows.py (f32 keeps fmaf).
+__device__ __forceinline__ unsigned memexec_pair_bits(unsigned t, unsigned u, int j, unsigned magic) {
+  return (__byte_perm(t, u, j | ((4 + j) << 8)) & 0x00ff00ffu) | magic;
+}
+template <int NW>
+__device__ __forceinline__ void memexec_dequant(const unsigned (&words)[NW], __nv_bfloat16 s,
+                                                __nv_bfloat16 b, __nv_bfloat162 (&wd)[NW * 4]) {
+  const __nv_bfloat162 s2 = __bfloat162bfloat162(s);
+  const __nv_bfloat162 b2 = __bfloat162bfloat162(b);
+  const __nv_bfloat162 m2 = __float2bfloat162_rn(128.0f);
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    const unsigned t = words[i] & 0x0f0f0f0fu;
+    const unsigned u = (words[i] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned v = memexec_pair_bits(t, u, j, 0x43004300u);
+      const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), m2);
+      wd[i * 4 + j] = __hfma2(q, s2, b2);
+    }
+  }
+}
+template <int NW>
+__device__ __forceinline__ void memexec_dequant(const unsigned (&words)[NW], __half s, __half b,
+                                                __half2 (&wd)[NW * 4]) {
+  const __half2 s2 = __half2half2(s);
+  const __half2 b2 = __half2half2(b);
+  const __half2 m2 = __float2half2_rn(1024.0f);
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    const unsigned t = words[i] & 0x0f0f0f0fu;
+    const unsigned u = (words[i] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned v = memexec_pair_bits(t, u, j, 0x64006400u);
+      const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&v), m2);
+      wd[i * 4 + j] = __hfma2(q, s2, b2);
+    }
+  }
+}
+template <int NW>
+__device__ __forceinline__ void memexec_dequant(const unsigned (&words)[NW], float s, float b,
+                                                float2 (&wd)[NW * 4]) {
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float q0 = static_cast<float>((words[i] >> (8 * j)) & 0xfu);
+      const float q1 = static_cast<float>((words[i] >> (8 * j + 4)) & 0xfu);
+      wd[i * 4 + j] = make_float2(fmaf(q0, s, b), fmaf(q1, s, b));
+    }
+  }
+}
