@@ -41,41 +41,33 @@ __device__ __forceinline__ float2 memexec_float2(float2 p) { return p; }
 __device__ __forceinline__ unsigned memexec_pair_bits(unsigned t, unsigned u, int j, unsigned magic) {
   return (__byte_perm(t, u, j | ((4 + j) << 8)) & 0x00ff00ffu) | magic;
 }
-template <int NW>
-__device__ __forceinline__ void memexec_dequant(const unsigned (&words)[NW], __nv_bfloat16 s,
-                                                __nv_bfloat16 b, __nv_bfloat162 (&wd)[NW * 4]) {
-  const __nv_bfloat162 s2 = __bfloat162bfloat162(s);
-  const __nv_bfloat162 b2 = __bfloat162bfloat162(b);
-  const __nv_bfloat162 m2 = __float2bfloat162_rn(128.0f);
+// The 2-byte types' pairs: `magic` holds MAGIC's bits in both halves, `m2` its value.
+template <typename T2, int NW>
+__device__ __forceinline__ void memexec_dequant_pairs(const unsigned (&words)[NW], T2 s2, T2 b2,
+                                                      T2 m2, unsigned magic, T2 (&wd)[NW * 4]) {
 #pragma unroll
   for (int i = 0; i < NW; ++i) {
     const unsigned t = words[i] & 0x0f0f0f0fu;
     const unsigned u = (words[i] >> 4) & 0x0f0f0f0fu;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const unsigned v = memexec_pair_bits(t, u, j, 0x43004300u);
-      const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&v), m2);
+      const unsigned v = memexec_pair_bits(t, u, j, magic);
+      const T2 q = __hsub2(*reinterpret_cast<const T2*>(&v), m2);
       wd[i * 4 + j] = __hfma2(q, s2, b2);
     }
   }
 }
 template <int NW>
+__device__ __forceinline__ void memexec_dequant(const unsigned (&words)[NW], __nv_bfloat16 s,
+                                                __nv_bfloat16 b, __nv_bfloat162 (&wd)[NW * 4]) {
+  memexec_dequant_pairs(words, __bfloat162bfloat162(s), __bfloat162bfloat162(b),
+                        __float2bfloat162_rn(128.0f), 0x43004300u, wd);
+}
+template <int NW>
 __device__ __forceinline__ void memexec_dequant(const unsigned (&words)[NW], __half s, __half b,
                                                 __half2 (&wd)[NW * 4]) {
-  const __half2 s2 = __half2half2(s);
-  const __half2 b2 = __half2half2(b);
-  const __half2 m2 = __float2half2_rn(1024.0f);
-#pragma unroll
-  for (int i = 0; i < NW; ++i) {
-    const unsigned t = words[i] & 0x0f0f0f0fu;
-    const unsigned u = (words[i] >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const unsigned v = memexec_pair_bits(t, u, j, 0x64006400u);
-      const __half2 q = __hsub2(*reinterpret_cast<const __half2*>(&v), m2);
-      wd[i * 4 + j] = __hfma2(q, s2, b2);
-    }
-  }
+  memexec_dequant_pairs(words, __half2half2(s), __half2half2(b), __float2half2_rn(1024.0f),
+                        0x64006400u, wd);
 }
 template <int NW>
 __device__ __forceinline__ void memexec_dequant(const unsigned (&words)[NW], float s, float b,
