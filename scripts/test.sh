@@ -4,6 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # A RUSTFLAGS in the environment would replace .cargo/config.toml's flags; keep builds uniform.
 unset RUSTFLAGS RUSTDOCFLAGS
+# napi's CLI always passes cargo an explicit `--target` (scripts/test.d/70-node.sh), and cargo
+# keeps such builds apart from host builds (target/<triple>/), so the addon rebuilt every
+# dependency (~3 minutes on 2 cores). Everything here builds for the host's triple instead, and
+# the addon's build reuses it; the suites find the cdylib through MEMEXEC_TARGET_DIR.
+CARGO_BUILD_TARGET=$(rustc -vV | sed -n 's/^host: //p')
+export CARGO_BUILD_TARGET
+export MEMEXEC_TARGET_DIR="$PWD/target/$CARGO_BUILD_TARGET"
 # Doctests get no build-script link args (rpath): let them find libmlx this way.
 export LD_LIBRARY_PATH="$PWD/.deps/mlx-cpu/mlx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 step() { printf '\n== %s\n' "$*" >&2; }

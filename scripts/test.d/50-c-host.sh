@@ -17,8 +17,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/host-oracle.sh
 OUT=target/host-oracle
+# The cdylib's folder: target/debug, or target/<triple>/debug under scripts/test.sh.
+LIB="${MEMEXEC_TARGET_DIR:-$PWD/target}/debug"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -pthread -Iinclude -I"$OUT" tests/c_host/host.c \
-  -Ltarget/debug -lmemexec -Wl,-rpath,"$PWD/target/debug" -o "$OUT/c_host"
+  -L"$LIB" -lmemexec -Wl,-rpath,"$LIB" -o "$OUT/c_host"
 OPENBLAS_NUM_THREADS=1 timeout 900 "$OUT/c_host"
 MEMEXEC_HOST_QUICK=1 MLX_BUN_MEMORY_BATCH=1 OPENBLAS_NUM_THREADS=1 timeout 1800 valgrind --quiet --leak-check=full --errors-for-leak-kinds=definite \
   --show-leak-kinds=definite --error-exitcode=99 "$OUT/c_host"
