@@ -5,7 +5,11 @@ cd "$(dirname "$0")/../.."
 bash scripts/host-oracle.sh
 # Under scripts/test.sh the cdylib is in target/<triple>/debug, where ts/ffi.ts does not look.
 if [ -n "${MEMEXEC_TARGET_DIR:-}" ] && [ -z "${MEMEXEC_LIB:-}" ]; then
-  MEMEXEC_LIB=$(ls "$MEMEXEC_TARGET_DIR"/debug/libmemexec.{so,dylib} 2>/dev/null | head -1)
-  export MEMEXEC_LIB
+  for f in "$MEMEXEC_TARGET_DIR"/debug/libmemexec.{so,dylib}; do
+    if [ -f "$f" ]; then
+      export MEMEXEC_LIB=$f
+      break
+    fi
+  done
 fi
 exec .deps/js/node_modules/.bin/bun test ts
