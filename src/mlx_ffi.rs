@@ -5,6 +5,9 @@
 //! - [`slice_update`]: mlx-rs's `try_index_mut` strips the update's leading singleton
 //!   dimensions and reshapes it back (two `Reshape` nodes before every `SliceUpdate`); a KV
 //!   cache write needs only the `SliceUpdate`.
+//! - [`scatter`]: one node that writes a row of every slot of a shared batch KV buffer
+//!   ([`crate::model::batch_kv`]); mlx-rs reaches MLX's scatter only through indexing that adds
+//!   broadcasts and reshapes.
 //! - [`CudaKernel`]: MLX's custom CUDA kernels (`fast::cuda_kernel`), which mlx-rs does not
 //!   wrap; memexec's one-node decode attention on MLX CUDA
 //!   ([`crate::model::decode_attention`]) is one.
@@ -87,6 +90,57 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
             mlx_sys::mlx_array_free(res);
             Err(Exception::custom(format!(
                 "slice_update of {shape:?} at {start:?}..{stop:?} failed"
+            ))
+            .into())
+        }
+    }
+}
+
+/// `src` with `src[indices[0][i], .., indices[1][i], ..] = updates[i]` along `axes`: one
+/// `Scatter` graph node for what would be one `SliceUpdate` per index. `indices` are int
+/// arrays of one shape `[N]`; `updates` is `[N, ...]` followed by `src`'s shape with the
+/// indexed axes of size 1 (MLX's `scatter`). mlx-rs only reaches it through `try_index_mut`,
+/// which adds broadcasts and reshapes around it.
+pub fn scatter(src: &Array, indices: &[&Array], updates: &Array, axes: &[i32]) -> Result<Array> {
+    if indices.len() != axes.len() || indices.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "scatter: {} index arrays for {} axes",
+            indices.len(),
+            axes.len()
+        )));
+    }
+    ensure_error_handler();
+    let handles: Vec<mlx_sys::mlx_array> = indices.iter().map(|a| a.as_ptr()).collect();
+    let stream = StreamOrDevice::default();
+    // SAFETY: `handles` borrows the handles of live arrays (`indices`) for the call, its
+    // pointer and length describe it; `mlx_vector_array_new_data` copies them (adding its own
+    // references) into a vector freed below; `mlx_array_new` makes an empty handle that
+    // `mlx_scatter` overwrites; `src`, `updates` and `axes` are live for the call.
+    let (status, res) = unsafe {
+        let vec = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_scatter(
+            &mut res,
+            src.as_ptr(),
+            vec,
+            updates.as_ptr(),
+            axes.as_ptr(),
+            axes.len(),
+            stream.as_ref().as_ptr(),
+        );
+        mlx_sys::mlx_vector_array_free(vec);
+        (status, res)
+    };
+    // SAFETY: as in `slice_update`: `res` is ours, released once (by the `Array` or here).
+    unsafe {
+        if status == 0 {
+            Ok(Array::from_ptr(res))
+        } else {
+            mlx_sys::mlx_array_free(res);
+            Err(Exception::custom(format!(
+                "scatter of {:?} into {:?} along {axes:?} failed",
+                updates.shape(),
+                src.shape()
             ))
             .into())
         }
@@ -405,6 +459,32 @@ mod tests {
         let upd = mlx_rs::ops::zeros::<f32>(&[1, 2, 2, 3]).unwrap();
         assert!(slice_update(&src, &upd, &[0, 0, 2, 0], &[1, 2, 3, 3]).is_err());
         assert!(slice_update(&src, &upd, &[0, 0, 3, 0], &[1, 2, 5, 3]).is_err());
+    }
+
+    #[test]
+    fn scatter_writes_one_position_of_each_slot_in_one_node() {
+        // [slots 3, heads 2, positions 4, dim 2]; rows write slot 2 at 1 and slot 0 at 3.
+        let src = mlx_rs::ops::zeros::<f32>(&[3, 2, 4, 2]).unwrap();
+        src.eval().unwrap();
+        let upd = Array::from_slice(&[1f32, 2., 3., 4., 5., 6., 7., 8.], &[2, 1, 2, 1, 2]);
+        let slots = Array::from_slice(&[2i32, 0], &[2]);
+        let pos = Array::from_slice(&[1i32, 3], &[2]);
+        let out = scatter(&src, &[&slots, &pos], &upd, &[0, 2]).unwrap();
+        let census = graph_census(&[&out]).unwrap();
+        assert_eq!(census.count("Scatter"), 1, "{census:?}");
+        let mut want = vec![0f32; 3 * 2 * 4 * 2];
+        let at = |s: usize, h: usize, p: usize, d: usize| ((s * 2 + h) * 4 + p) * 2 + d;
+        for (row, (s, p)) in [(2, 1), (0, 3)].into_iter().enumerate() {
+            for h in 0..2 {
+                for d in 0..2 {
+                    want[at(s, h, p, d)] = (row * 4 + h * 2 + d + 1) as f32;
+                }
+            }
+        }
+        assert_eq!(out.as_slice::<f32>(), want.as_slice());
+        assert!(scatter(&src, &[&slots], &upd, &[0, 2]).is_err());
+        let wrong = mlx_rs::ops::zeros::<f32>(&[2, 1, 2, 2, 2]).unwrap();
+        assert!(scatter(&src, &[&slots, &pos], &wrong, &[0, 2]).is_err());
     }
 
     #[test]

@@ -108,12 +108,37 @@ fn a_kv_budget_still_gives_serial_tokens() {
     }
 }
 
+/// Shared batch KV (one buffer per layer for every row, written by one scatter per layer):
+/// the serial tokens, with prompts whose sliding ring wraps while decoding (28 + 12 > 32), that
+/// fill it exactly (32), are trimmed to it (300), or cross a full layer's 256-position growth
+/// (250 + 12), and at width 3 rows leaving and others taking their slots.
 #[test]
-fn rows_joining_mid_decode_and_a_dropped_row_leave_the_others_exact() {
+fn a_shared_batch_kv_equals_serial() {
     for form in FORMS {
         let model = model(form);
         let stop = model.info().eos_token_ids.clone();
-        let decoder = Decoder::new(&model, &stop);
+        let mut rows = mixed_rows();
+        rows.extend(
+            [(28, 12), (250, 12), (32, 12), (31, 12)]
+                .iter()
+                .enumerate()
+                .map(|(r, &(len, max))| RowRequest::new(ids(len, 50 + r as u32), max)),
+        );
+        let want: Vec<Vec<u32>> = rows.iter().map(|r| serial_ids(&model, r, None)).collect();
+        let decoder = Decoder::new(&model, &stop).with_shared_kv(true);
+        assert_batches_equal(&decoder, &rows, &want, &[3, 16], &format!("{form:?}"));
+        assert_eq!(decoder.shared_kv_rows(), Some(0), "every slot freed");
+    }
+}
+
+#[test]
+fn rows_joining_mid_decode_and_a_dropped_row_leave_the_others_exact() {
+    let cases = FORMS.into_iter().flat_map(|f| [(f, false), (f, true)]);
+    for (form, shared) in cases {
+        let model = model(form);
+        let stop = model.info().eos_token_ids.clone();
+        eprintln!("shared KV: {shared}");
+        let decoder = Decoder::new(&model, &stop).with_shared_kv(shared);
         let reqs: Vec<RowRequest> = [(40, 10), (5, 10), (90, 10), (12, 10)]
             .iter()
             .enumerate()
@@ -144,6 +169,11 @@ fn rows_joining_mid_decode_and_a_dropped_row_leave_the_others_exact() {
             }
             for (i, out) in decoder.step(&mut running).expect("step") {
                 got[i] = Some(out.ids);
+            }
+            if step == 4 {
+                // The rows really run on shared buffers (and the dropped row's slot is free).
+                let want = shared.then_some(running.len());
+                assert_eq!(decoder.shared_kv_rows(), want);
             }
         }
         while !running.is_empty() {

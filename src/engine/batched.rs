@@ -19,6 +19,7 @@
 use std::cell::{Cell, OnceCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, BackendInfo, Generate, Intake, Serial};
@@ -35,6 +36,7 @@ use crate::generate::{
     greedy, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, PREFILL_STEP,
 };
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
+use crate::model::batch_kv::{self, SharedKv};
 use crate::model::{ForwardCtx, Model, RowCache};
 use crate::{Error, Result};
 
@@ -215,6 +217,7 @@ pub struct Decoder<'a> {
     rows_per_product: usize,
     product_kernel: bool,
     stacked_attention: bool,
+    shared_kv: Option<Arc<Mutex<SharedKv>>>,
     profile: Cell<DecodeProfile>,
 }
 
@@ -240,8 +243,33 @@ impl<'a> Decoder<'a> {
             rows_per_product: rows_per_product_default(model),
             product_kernel: product_kernel_default(model),
             stacked_attention: stacked_attention_default(model),
+            shared_kv: batch_kv::shared_from_env().then(SharedKv::new),
             profile: Cell::new(DecodeProfile::default()),
         }
+    }
+
+    /// Whether running rows keep their keys in buffers shared by the batch, written by one
+    /// node per layer and tensor per step (see [`crate::model::batch_kv`]) instead of one per
+    /// row. Default off (`MEMEXEC_BATCH_KV=shared` turns it on): it has the same bits as
+    /// per-row caches but is not yet measured to be faster on a GPU, and a full layer's
+    /// buffer grows every slot to the longest row's positions, which the KV budget's per-row
+    /// estimate does not count.
+    pub fn shared_kv(&self) -> bool {
+        self.shared_kv.is_some()
+    }
+
+    /// Rows holding a slot of the shared KV now (`None` when [`Decoder::shared_kv`] is off).
+    pub fn shared_kv_rows(&self) -> Option<usize> {
+        self.shared_kv
+            .as_ref()
+            .map(|kv| kv.lock().map_or(0, |kv| kv.rows()))
+    }
+
+    /// Sets [`Decoder::shared_kv`] (before any row steps: rows that joined shared buffers
+    /// keep them).
+    pub fn with_shared_kv(mut self, on: bool) -> Decoder<'a> {
+        self.shared_kv = on.then(SharedKv::new);
+        self
     }
 
     /// At most this many rows go through one decode forward; a larger running set is stepped
@@ -429,6 +457,13 @@ impl<'a> Decoder<'a> {
                 }
             };
             let ctx = self.ctx(stacks)?;
+            if let Some(kv) = &self.shared_kv {
+                for row in group.iter_mut() {
+                    if row.cache.slot().is_none() {
+                        batch_kv::join(kv, &mut row.cache)?;
+                    }
+                }
+            }
             let mut caches: Vec<&mut RowCache> = group.iter_mut().map(|r| &mut r.cache).collect();
             let picks = step_picks(self.model, &tokens, &mut caches, &ctx)?;
             if picks.size() != caches.len() {

@@ -5,6 +5,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
+use super::batch_kv::Slot;
 use crate::error::{Error, Result};
 use crate::mlx_ffi::slice_update;
 
@@ -115,9 +116,43 @@ impl KvCache {
         self.offset
     }
 
+    /// What a shared batch slot starts from: the cached positions in order (`None`: none yet).
+    fn slot_plan(&self) -> Result<SlotPlan> {
+        let data = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.offset > 0 => {
+                Some((seq(k, 0, self.offset)?, seq(v, 0, self.offset)?))
+            }
+            _ => None,
+        };
+        Ok(SlotPlan {
+            data,
+            idx: 0,
+            len: self.offset,
+        })
+    }
+
+    /// The bookkeeping of one position written to a shared slot: (write position, keys
+    /// visible after it), as [`Self::update_and_fetch`] would place and return them.
+    fn advance_slot(&mut self) -> (i32, i32) {
+        let at = self.offset;
+        self.offset += 1;
+        (at, self.offset)
+    }
+
     fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.keys.iter().chain(self.values.iter())
     }
+}
+
+/// How a layer's cache enters a shared batch slot: the keys / values to copy to the slot's
+/// first positions (`[1, kv_heads, n, head_dim]`) and the ring state they leave.
+pub struct SlotPlan {
+    /// Keys and values to copy, in the serial buffer's order; `None` when nothing is cached.
+    pub data: Option<(Array, Array)>,
+    /// The next write index of a ring (0 for a full layer).
+    idx: i32,
+    /// The serial buffer's length after the plan (a ring's, before its next growth).
+    len: i32,
 }
 
 /// A sliding-window ring buffer (mlx-lm `RotatingKVCache` with `keep = 0`).
@@ -131,6 +166,9 @@ pub struct RotatingKvCache {
     offset: i32,
     max_size: i32,
     idx: i32,
+    /// Length of the serial buffer while the keys live in a shared batch slot (which then
+    /// holds its positions `0..slot_len` in the same ring order).
+    slot_len: i32,
 }
 
 impl RotatingKvCache {
@@ -142,6 +180,7 @@ impl RotatingKvCache {
             offset: 0,
             max_size,
             idx: 0,
+            slot_len: 0,
         }
     }
 
@@ -230,6 +269,52 @@ impl RotatingKvCache {
         Ok(out)
     }
 
+    /// What a shared batch slot starts from: the buffer as the next one-position update would
+    /// find it after trimming a long multi-position update to the window (the same positions,
+    /// so a slot read in ring order is the serial buffer), and the ring index that trim sets.
+    fn slot_plan(&self) -> Result<SlotPlan> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Ok(SlotPlan {
+                data: None,
+                idx: self.idx,
+                len: 0,
+            });
+        };
+        let len = k.dim(2);
+        // `update_in_place` trims only a buffer longer than the window (never one it grows).
+        if len > self.max_size {
+            let trim = len - self.max_size;
+            return Ok(SlotPlan {
+                data: Some((seq(k, trim, len)?, seq(v, trim, len)?)),
+                idx: self.max_size,
+                len: self.max_size,
+            });
+        }
+        Ok(SlotPlan {
+            data: Some((k.clone(), v.clone())),
+            idx: self.idx,
+            len,
+        })
+    }
+
+    /// The bookkeeping of [`Self::update_in_place`] for one position written to a shared slot
+    /// (growth adds positions to `slot_len`; the slot holds the window already): (write
+    /// position, keys visible after it).
+    fn advance_slot(&mut self) -> (i32, i32) {
+        let prev = self.offset;
+        if prev >= self.slot_len && self.slot_len < self.max_size {
+            self.idx = prev;
+            self.slot_len += STEP.min(self.max_size - prev);
+        }
+        if self.idx == self.max_size {
+            self.idx = 0;
+        }
+        let at = self.idx;
+        self.offset += 1;
+        self.idx += 1;
+        (at, self.offset.min(self.slot_len))
+    }
+
     /// Adds `keys` / `values` (`[1, kv_heads, L, head_dim]`) and returns what attention sees.
     pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
         if keys.dim(2) == 1 {
@@ -298,6 +383,48 @@ impl LayerCache {
         }
     }
 
+    /// Positions a shared batch slot of this layer needs: a ring's window, else 0 (a full
+    /// layer's slot grows with its rows).
+    pub fn slot_window(&self) -> i32 {
+        match self {
+            LayerCache::Full(_) => 0,
+            LayerCache::Rotating(c) => c.max_size,
+        }
+    }
+
+    /// What a shared batch slot of this layer starts from.
+    pub fn slot_plan(&self) -> Result<SlotPlan> {
+        match self {
+            LayerCache::Full(c) => c.slot_plan(),
+            LayerCache::Rotating(c) => c.slot_plan(),
+        }
+    }
+
+    /// Moves this layer's keys into a shared slot: drops its own buffers and keeps the
+    /// bookkeeping `plan` leaves.
+    fn enter_slot(&mut self, plan: &SlotPlan) {
+        match self {
+            LayerCache::Full(c) => {
+                c.keys = None;
+                c.values = None;
+            }
+            LayerCache::Rotating(c) => {
+                c.keys = None;
+                c.values = None;
+                c.idx = plan.idx;
+                c.slot_len = plan.len;
+            }
+        }
+    }
+
+    /// One position of a slotted layer: (write position in the slot, keys visible after it).
+    pub fn advance_slot(&mut self) -> (i32, i32) {
+        match self {
+            LayerCache::Full(c) => c.advance_slot(),
+            LayerCache::Rotating(c) => c.advance_slot(),
+        }
+    }
+
     fn arrays(&self) -> Box<dyn Iterator<Item = &Array> + '_> {
         match self {
             LayerCache::Full(c) => Box::new(c.arrays()),
@@ -316,14 +443,39 @@ pub fn missing_layer(layer: usize) -> Error {
 /// All layers' caches of ONE sequence. Memory grows with the positions actually cached
 /// (in 256-position steps), and sliding layers never hold more than their window (+ the
 /// length of the last multi-token update).
+///
+/// In a batch with a shared KV ([`super::batch_kv`]) the keys / values live in the row's
+/// slot of the batch's buffers and the row keeps only the bookkeeping.
 pub struct RowCache {
     layers: Vec<LayerCache>,
+    slot: Option<Slot>,
 }
 
 impl RowCache {
     /// A cache made of the given per-layer caches (one per layer that owns keys / values).
     pub fn new(layers: Vec<LayerCache>) -> RowCache {
-        RowCache { layers }
+        RowCache {
+            layers,
+            slot: None,
+        }
+    }
+
+    /// The shared batch slot holding this row's keys, if it joined one.
+    pub fn slot(&self) -> Option<&Slot> {
+        self.slot.as_ref()
+    }
+
+    /// Every layer's slot plan, in layer order.
+    pub fn slot_plans(&self) -> Result<Vec<SlotPlan>> {
+        self.layers.iter().map(LayerCache::slot_plan).collect()
+    }
+
+    /// Moves the keys into `slot` (whose buffers already hold `plans`' data).
+    pub fn enter_slot(&mut self, slot: Slot, plans: &[SlotPlan]) {
+        for (layer, plan) in self.layers.iter_mut().zip(plans) {
+            layer.enter_slot(plan);
+        }
+        self.slot = Some(slot);
     }
 
     /// Positions processed so far (the offset of the next token).

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 pub mod activation;
 pub mod attention;
 pub mod attention_probs;
+pub mod batch_kv;
 pub mod cache;
 mod check_values;
 pub mod config;

@@ -1,0 +1,336 @@
+//! A key / value buffer per layer shared by every row of a decode batch (opt-in:
+//! `MEMEXEC_BATCH_KV=shared`).
+//!
+//! Why: with per-row caches a batched decode step writes each row's new keys and values with
+//! one `SliceUpdate` per row, layer and tensor (384 nodes in an eight-row e4b step), and a
+//! GPU step is bound by MLX's host work per node. Here each layer keeps ONE buffer per tensor,
+//! `[slots, kv_heads, capacity, head_dim]`, and a step writes all its rows with one `Scatter`
+//! per layer and tensor; row `r` attends over the view `[slot_r, :, 0..visible_r, :]`.
+//!
+//! Bits: a row's view holds the keys of its serial cache at the same positions, in the same
+//! order (full layers store position `p` at `p`; sliding layers follow the serial ring,
+//! see [`super::cache`]'s slot plans), so attention, which reads the views through their
+//! strides, sums what the serial step sums in the same order.
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::Array;
+
+use super::cache::{missing_layer, RowCache};
+use crate::error::{Error, Result};
+use crate::mlx_ffi::{scatter, slice_update};
+
+/// Full layers' slots grow by this many positions at a time (as the serial caches do).
+const STEP: i32 = 256;
+
+/// Whether batched decoding keeps its keys in shared buffers: `MEMEXEC_BATCH_KV=shared`.
+pub fn shared_from_env() -> bool {
+    std::env::var("MEMEXEC_BATCH_KV").is_ok_and(|v| v.trim().eq_ignore_ascii_case("shared"))
+}
+
+/// One layer's buffers, `[slots, kv_heads, capacity, head_dim]`.
+struct LayerBuffers {
+    keys: Array,
+    values: Array,
+}
+
+/// The shared buffers of a batch and which slots rows hold.
+#[derive(Default)]
+pub struct SharedKv {
+    layers: Vec<Option<LayerBuffers>>,
+    /// Slots along the buffers' first axis, and whether a row holds each.
+    taken: Vec<bool>,
+    /// The slot / position index arrays of the current step, per distinct content: the layers
+    /// of one type write the same places, so they share one pair of host-made arrays.
+    places: Vec<(Vec<i32>, [Array; 2])>,
+}
+
+/// A row's hold on a slot of a [`SharedKv`]; dropping it frees the slot.
+pub struct Slot {
+    kv: Arc<Mutex<SharedKv>>,
+    index: i32,
+}
+
+impl Slot {
+    /// The slot's index along the buffers' first axis.
+    pub fn index(&self) -> i32 {
+        self.index
+    }
+
+    /// The buffers this slot belongs to.
+    pub fn shared(&self) -> &Arc<Mutex<SharedKv>> {
+        &self.kv
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // A slot is dropped with its row on the engine thread, never while that thread holds
+        // the buffers for a step (a slot not freed would only cost its memory).
+        if let Ok(mut kv) = self.kv.try_lock() {
+            if let Some(t) = kv.taken.get_mut(self.index as usize) {
+                *t = false;
+            }
+            if kv.rows() == 0 {
+                // The last row left: the buffers go with it (the next batch may be smaller).
+                *kv = SharedKv::default();
+            }
+        }
+    }
+}
+
+/// `buf` with `extra` more positions (zeros) along `axis`.
+fn grow(buf: &Array, axis: i32, extra: i32) -> Result<Array> {
+    let mut shape = buf.shape().to_vec();
+    shape[axis as usize] = extra;
+    Ok(concatenate(
+        &[buf.clone(), zeros_dtype(&shape, buf.dtype())?],
+        axis,
+    )?)
+}
+
+impl SharedKv {
+    /// Empty buffers, shared by the rows that [`join`] them.
+    pub fn new() -> Arc<Mutex<SharedKv>> {
+        Arc::new(Mutex::new(SharedKv::default()))
+    }
+
+    /// Rows holding a slot.
+    pub fn rows(&self) -> usize {
+        self.taken.iter().filter(|&&t| t).count()
+    }
+
+    /// Bytes of the buffers.
+    pub fn nbytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|b| b.keys.nbytes() + b.values.nbytes())
+            .sum()
+    }
+
+    /// Layer `layer`'s buffers, made or grown to hold `slots` slots and `positions`
+    /// positions like `like` (`[1, kv_heads, n, head_dim]` keys / values).
+    fn fitted(
+        &self,
+        layer: usize,
+        like: (&Array, &Array),
+        slots: i32,
+        positions: i32,
+    ) -> Result<(Array, Array)> {
+        let make = |a: &Array, cap: i32| -> Result<Array> {
+            let s = a.shape();
+            Ok(zeros_dtype(&[slots, s[1], cap, s[3]], a.dtype())?)
+        };
+        let (keys, values) = match self.layers.get(layer).and_then(Option::as_ref) {
+            Some(b) => (b.keys.clone(), b.values.clone()),
+            None => {
+                let cap = round_up(positions);
+                return Ok((make(like.0, cap)?, make(like.1, cap)?));
+            }
+        };
+        let fit = |mut buf: Array| -> Result<Array> {
+            if buf.dim(0) < slots {
+                buf = grow(&buf, 0, slots - buf.dim(0))?;
+            }
+            if buf.dim(2) < positions {
+                buf = grow(&buf, 2, round_up(positions) - buf.dim(2))?;
+            }
+            Ok(buf)
+        };
+        Ok((fit(keys)?, fit(values)?))
+    }
+
+    /// Writes one position of each row: `at[r] = (slot, position)`, `keys` / `values`
+    /// `[rows, kv_heads, 1, head_dim]`; returns the layer's buffers after the writes.
+    fn write(
+        &mut self,
+        layer: usize,
+        at: &[(i32, i32)],
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array)> {
+        let rows = at.len() as i32;
+        let positions = at.iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
+        let slots = self.taken.len() as i32;
+        let Some(Some(current)) = self.layers.get(layer) else {
+            return Err(missing_layer(layer));
+        };
+        let (kb, vb) = if current.keys.dim(2) < positions {
+            let (k, v) = (current.keys.clone(), current.values.clone());
+            self.fitted(layer, (&k, &v), slots, positions)?
+        } else {
+            (current.keys.clone(), current.values.clone())
+        };
+        let [slot_idx, pos_idx] = self.places(at);
+        let as_update = |a: &Array| -> Result<Array> {
+            let s = a.shape();
+            Ok(a.reshape(&[rows, 1, s[1], 1, s[3]])?)
+        };
+        let kb = scatter(&kb, &[&slot_idx, &pos_idx], &as_update(keys)?, &[0, 2])?;
+        let vb = scatter(&vb, &[&slot_idx, &pos_idx], &as_update(values)?, &[0, 2])?;
+        self.layers[layer] = Some(LayerBuffers {
+            keys: kb.clone(),
+            values: vb.clone(),
+        });
+        Ok((kb, vb))
+    }
+
+    /// The index arrays of `at`, shared by the layers that write the same places in a step.
+    fn places(&mut self, at: &[(i32, i32)]) -> [Array; 2] {
+        let key: Vec<i32> = at.iter().flat_map(|&(s, p)| [s, p]).collect();
+        if let Some((_, arrays)) = self.places.iter().find(|(k, _)| *k == key) {
+            return arrays.clone();
+        }
+        let n = at.len() as i32;
+        let slots: Vec<i32> = at.iter().map(|&(s, _)| s).collect();
+        let positions: Vec<i32> = at.iter().map(|&(_, p)| p).collect();
+        let arrays = [
+            Array::from_slice(&slots, &[n]),
+            Array::from_slice(&positions, &[n]),
+        ];
+        // A step writes at most two kinds of places (full and sliding layers); older ones
+        // belong to earlier steps.
+        if self.places.len() >= 2 {
+            self.places.remove(0);
+        }
+        self.places.push((key, arrays.clone()));
+        arrays
+    }
+}
+
+/// The buffers, for this thread's step (the lock is never contended: every row of a batch
+/// lives on the engine thread; it only makes a row's cache `Send`).
+fn lock(kv: &Mutex<SharedKv>) -> Result<MutexGuard<'_, SharedKv>> {
+    kv.lock()
+        .map_err(|_| Error::Internal("shared KV: a step panicked while writing it".into()))
+}
+
+fn round_up(positions: i32) -> i32 {
+    (positions.max(1) + STEP - 1) / STEP * STEP
+}
+
+/// Moves `cache`'s keys into a free slot of `kv` (growing the buffers as needed). On error
+/// neither changes.
+pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
+    if cache.slot().is_some() {
+        return Err(Error::Internal("row cache already holds a shared slot".into()));
+    }
+    let plans = cache.slot_plans()?;
+    let mut shared = lock(kv)?;
+    let free = shared.taken.iter().position(|t| !t);
+    let index = free.unwrap_or(shared.taken.len()) as i32;
+    let slots = (shared.taken.len() as i32).max(index + 1);
+    let mut buffers = Vec::with_capacity(plans.len());
+    for (layer, plan) in plans.iter().enumerate() {
+        let lc = cache.layer(layer).ok_or_else(|| missing_layer(layer))?;
+        let window = lc.slot_window();
+        let held = plan.data.as_ref().map_or(0, |(k, _)| k.dim(2));
+        // A full layer's next write goes at its offset; a ring's slot holds its window.
+        let positions = if window > 0 {
+            window
+        } else {
+            lc.offset() + 1
+        };
+        let Some((k, v)) = &plan.data else {
+            // Nothing cached: the buffers get made (or grown) at this layer's first write.
+            buffers.push(None);
+            continue;
+        };
+        let (kb, vb) = shared.fitted(layer, (k, v), slots, positions.max(held))?;
+        let write = |buf: &Array, new: &Array| -> Result<Array> {
+            let s = new.shape();
+            slice_update(
+                buf,
+                new,
+                &[index, 0, 0, 0],
+                &[index + 1, s[1], s[2], s[3]],
+            )
+        };
+        buffers.push(Some(LayerBuffers {
+            keys: write(&kb, k)?,
+            values: write(&vb, v)?,
+        }));
+    }
+    if buffers.iter().any(Option::is_none) {
+        return Err(Error::InvalidArgument(
+            "a row joins a shared KV only after its prefill".into(),
+        ));
+    }
+    if shared.layers.len() < buffers.len() {
+        shared.layers.resize_with(buffers.len(), || None);
+    }
+    // Slots added for this row in one layer are added in every layer (all share `slots`).
+    for (layer, b) in buffers.into_iter().enumerate() {
+        shared.layers[layer] = b;
+    }
+    for layer in shared.layers.iter_mut().flatten() {
+        for buf in [&mut layer.keys, &mut layer.values] {
+            if buf.dim(0) < slots {
+                *buf = grow(buf, 0, slots - buf.dim(0))?;
+            }
+        }
+    }
+    if shared.taken.len() < slots as usize {
+        shared.taken.resize(slots as usize, false);
+    }
+    shared.taken[index as usize] = true;
+    drop(shared);
+    cache.enter_slot(
+        Slot {
+            kv: kv.clone(),
+            index,
+        },
+        &plans,
+    );
+    Ok(())
+}
+
+/// Writes one new position of each row (`keys` / `values` `[rows, kv_heads, 1, head_dim]`,
+/// row `r` of `caches[r]`, which all hold slots of one [`SharedKv`]) into layer `layer` and
+/// returns what each row attends over: `[1, kv_heads, visible, head_dim]` views of its slot.
+pub fn update_rows(
+    caches: &mut [&mut RowCache],
+    layer: usize,
+    keys: &Array,
+    values: &Array,
+) -> Result<Vec<(Array, Array)>> {
+    let kv = match caches.first().and_then(|c| c.slot()) {
+        Some(slot) => slot.shared().clone(),
+        None => return Err(Error::Internal("shared KV update of unslotted rows".into())),
+    };
+    if keys.dim(2) != 1 || keys.dim(0) as usize != caches.len() {
+        return Err(Error::InvalidArgument(format!(
+            "a shared KV takes one position per row per step, got keys {:?} for {} rows",
+            keys.shape(),
+            caches.len()
+        )));
+    }
+    let mut at = Vec::with_capacity(caches.len());
+    let mut visible = Vec::with_capacity(caches.len());
+    for cache in caches.iter_mut() {
+        let slot = match cache.slot() {
+            Some(s) if Arc::ptr_eq(s.shared(), &kv) => s.index(),
+            _ => {
+                return Err(Error::Internal(
+                    "a batch mixes rows with and without the shared KV".into(),
+                ))
+            }
+        };
+        let lc = cache.layer_mut(layer).ok_or_else(|| missing_layer(layer))?;
+        let (pos, seen) = lc.advance_slot();
+        at.push((slot, pos));
+        visible.push(seen);
+    }
+    let (kb, vb) = lock(&kv)?.write(layer, &at, keys, values)?;
+    at.iter()
+        .zip(visible)
+        .map(|(&(slot, _), seen)| {
+            Ok((
+                kb.try_index((slot..slot + 1, .., 0..seen, ..))?,
+                vb.try_index((slot..slot + 1, .., 0..seen, ..))?,
+            ))
+        })
+        .collect()
+}
