@@ -253,6 +253,15 @@ pub fn decode_step_graph(
         firsts.push(prefill(model, prompt, cache, PREFILL_STEP, ctx)?);
         cache.eval()?;
     }
+    if crate::model::batch_kv::shared_from_env() {
+        // The steady state of a shared batch KV: rows joined (and the join evaluated) before
+        // the step whose graph is counted.
+        let kv = crate::model::batch_kv::SharedKv::new();
+        for cache in caches.iter_mut() {
+            crate::model::batch_kv::join(&kv, cache)?;
+        }
+        crate::model::batch_kv::eval(&kv)?;
+    }
     let tokens = ids_array(&firsts, &[rows as i32, 1])?;
     tokens.eval()?;
     let mut refs: Vec<&mut RowCache> = caches.iter_mut().collect();

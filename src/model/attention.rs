@@ -315,7 +315,9 @@ impl RowKv {
         v: &Array,
     ) -> Result<RowKv> {
         if caches.first().is_some_and(|c| c.slot().is_some()) {
-            return Ok(RowKv::new(super::batch_kv::update_rows(caches, layer, k, v)?));
+            return Ok(RowKv::new(super::batch_kv::update_rows(
+                caches, layer, k, v,
+            )?));
         }
         let rows = split_rows(k, caches.len())?
             .into_iter()

@@ -215,7 +215,9 @@ fn round_up(positions: i32) -> i32 {
 /// neither changes.
 pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
     if cache.slot().is_some() {
-        return Err(Error::Internal("row cache already holds a shared slot".into()));
+        return Err(Error::Internal(
+            "row cache already holds a shared slot".into(),
+        ));
     }
     let plans = cache.slot_plans()?;
     let mut shared = lock(kv)?;
@@ -228,11 +230,7 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         let window = lc.slot_window();
         let held = plan.data.as_ref().map_or(0, |(k, _)| k.dim(2));
         // A full layer's next write goes at its offset; a ring's slot holds its window.
-        let positions = if window > 0 {
-            window
-        } else {
-            lc.offset() + 1
-        };
+        let positions = if window > 0 { window } else { lc.offset() + 1 };
         let Some((k, v)) = &plan.data else {
             // Nothing cached: the buffers get made (or grown) at this layer's first write.
             buffers.push(None);
@@ -241,12 +239,7 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         let (kb, vb) = shared.fitted(layer, (k, v), slots, positions.max(held))?;
         let write = |buf: &Array, new: &Array| -> Result<Array> {
             let s = new.shape();
-            slice_update(
-                buf,
-                new,
-                &[index, 0, 0, 0],
-                &[index + 1, s[1], s[2], s[3]],
-            )
+            slice_update(buf, new, &[index, 0, 0, 0], &[index + 1, s[1], s[2], s[3]])
         };
         buffers.push(Some(LayerBuffers {
             keys: write(&kb, k)?,
@@ -284,6 +277,19 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         },
         &plans,
     );
+    Ok(())
+}
+
+/// Evaluates the buffers (so the graph that built them, e.g. rows' joins, can be freed).
+pub fn eval(kv: &Mutex<SharedKv>) -> Result<()> {
+    let shared = lock(kv)?;
+    let arrays: Vec<&Array> = shared
+        .layers
+        .iter()
+        .flatten()
+        .flat_map(|b| [&b.keys, &b.values])
+        .collect();
+    mlx_rs::transforms::eval(arrays)?;
     Ok(())
 }
 
@@ -333,4 +339,107 @@ pub fn update_rows(
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::RowKv;
+    use crate::model::cache::{KvCache, LayerCache, RotatingKvCache};
+
+    const WINDOW: i32 = 8;
+
+    /// Distinct values for every (row, step) write: `[rows, 2 heads, len, 2]`.
+    fn kv(rows: i32, len: i32, seed: i32) -> Array {
+        let n = rows * 2 * len * 2;
+        let data: Vec<f32> = (0..n).map(|i| (seed * 100_000 + i) as f32).collect();
+        Array::from_slice(&data, &[rows, 2, len, 2])
+    }
+
+    fn cache() -> RowCache {
+        RowCache::new(vec![
+            LayerCache::Full(KvCache::default()),
+            LayerCache::Rotating(RotatingKvCache::new(WINDOW)),
+        ])
+    }
+
+    /// Two caches prefilled with the same `len` positions: one stays per-row, one joins.
+    fn twins(len: i32, seed: i32) -> (RowCache, RowCache) {
+        let (mut a, mut b) = (cache(), cache());
+        for c in [&mut a, &mut b] {
+            for layer in 0..2 {
+                let lc = c.layer_mut(layer).unwrap();
+                lc.update_and_fetch(&kv(1, len, seed), &kv(1, len, -seed))
+                    .unwrap();
+            }
+        }
+        (a, b)
+    }
+
+    fn same(a: &Array, b: &Array) -> bool {
+        a.shape() == b.shape() && a.eq_values(b).unwrap()
+    }
+
+    /// Every step, each row's view of the shared buffers equals what its per-row cache
+    /// returns, bit for bit: prompts shorter than, equal to and longer than the window (ring
+    /// growth, wrap and trim), full layers past their 256-position growth, a row leaving and
+    /// a new one taking its slot.
+    #[test]
+    fn each_row_sees_its_serial_cache() {
+        let kvs = SharedKv::new();
+        let mut serial = Vec::new();
+        let mut shared = Vec::new();
+        for (r, len) in [3, 7, 8, 9, 20, 300].into_iter().enumerate() {
+            let (a, mut b) = twins(len, r as i32 + 1);
+            join(&kvs, &mut b).unwrap();
+            serial.push(a);
+            shared.push(b);
+        }
+        for step in 0..270 {
+            if step == 40 {
+                serial.remove(2);
+                shared.remove(2);
+                assert_eq!(lock(&kvs).unwrap().rows(), 5);
+                let (a, mut b) = twins(11, 77);
+                join(&kvs, &mut b).unwrap();
+                assert_eq!(b.slot().map(Slot::index), Some(2), "the freed slot");
+                serial.push(a);
+                shared.push(b);
+            }
+            let rows = serial.len() as i32;
+            for layer in 0..2 {
+                let (k, v) = (kv(rows, 1, 1000 + step), kv(rows, 1, -1000 - step));
+                let mut refs: Vec<&mut RowCache> = serial.iter_mut().collect();
+                let want = RowKv::update(&mut refs, layer, &k, &v).unwrap();
+                let mut refs: Vec<&mut RowCache> = shared.iter_mut().collect();
+                let got = RowKv::update(&mut refs, layer, &k, &v).unwrap();
+                for r in 0..rows as usize {
+                    let (w, g) = (want.row(r).unwrap(), got.row(r).unwrap());
+                    assert!(
+                        same(&w.0, &g.0) && same(&w.1, &g.1),
+                        "step {step}, layer {layer}, row {r}: {:?} vs {:?}",
+                        w.0.shape(),
+                        g.0.shape()
+                    );
+                }
+            }
+            eval(&kvs).unwrap();
+        }
+        drop(shared);
+        let left = lock(&kvs).unwrap();
+        assert_eq!(
+            (left.rows(), left.nbytes()),
+            (0, 0),
+            "the last row frees the buffers"
+        );
+    }
+
+    #[test]
+    fn a_row_without_a_prefill_cannot_join() {
+        let kvs = SharedKv::new();
+        let mut c = cache();
+        assert!(join(&kvs, &mut c).is_err());
+        assert!(c.slot().is_none());
+        assert_eq!(lock(&kvs).unwrap().rows(), 0);
+    }
 }

@@ -454,10 +454,7 @@ pub struct RowCache {
 impl RowCache {
     /// A cache made of the given per-layer caches (one per layer that owns keys / values).
     pub fn new(layers: Vec<LayerCache>) -> RowCache {
-        RowCache {
-            layers,
-            slot: None,
-        }
+        RowCache { layers, slot: None }
     }
 
     /// The shared batch slot holding this row's keys, if it joined one.
