@@ -237,12 +237,14 @@ pub fn step_picks(
 /// `print_graph` text ([`crate::mlx_ffi::print_graph`]; [`crate::mlx_ffi::GraphCensus::from_text`] counts
 /// it): every node MLX will run for the step, nothing of the prefill (the caches are evaluated
 /// first). On a GPU a decode step costs host time per node, so the node count is a noise-free
-/// proxy for its speed.
+/// proxy for its speed. With `shared_kv` the rows hold slots of one shared batch KV
+/// ([`crate::model::batch_kv`]), as the batched decoder's do where it defaults to it.
 pub fn decode_step_graph(
     model: &Model,
     prompt: &[u32],
     rows: usize,
     ctx: &ForwardCtx,
+    shared_kv: bool,
 ) -> Result<String> {
     if rows == 0 {
         return Err(Error::InvalidArgument("rows must be at least 1".into()));
@@ -253,7 +255,7 @@ pub fn decode_step_graph(
         firsts.push(prefill(model, prompt, cache, PREFILL_STEP, ctx)?);
         cache.eval()?;
     }
-    if crate::model::batch_kv::shared_from_env() {
+    if shared_kv {
         // The steady state of a shared batch KV: rows joined (and the join evaluated) before
         // the step whose graph is counted.
         let kv = crate::model::batch_kv::SharedKv::new();

@@ -98,7 +98,7 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
 
 /// `src` with `src[indices[0][i], .., indices[1][i], ..] = updates[i]` along `axes`: one
 /// `Scatter` graph node for what would be one `SliceUpdate` per index. `indices` are int
-/// arrays of one shape `[N]`; `updates` is `[N, ...]` followed by `src`'s shape with the
+/// arrays of one shape `[N]` (in bounds: MLX does not check them); `updates` is `[N, ...]` followed by `src`'s shape with the
 /// indexed axes of size 1 (MLX's `scatter`). mlx-rs only reaches it through `try_index_mut`,
 /// which adds broadcasts and reshapes around it.
 pub fn scatter(src: &Array, indices: &[&Array], updates: &Array, axes: &[i32]) -> Result<Array> {
@@ -107,6 +107,23 @@ pub fn scatter(src: &Array, indices: &[&Array], updates: &Array, axes: &[i32]) -
             "scatter: {} index arrays for {} axes",
             indices.len(),
             axes.len()
+        )));
+    }
+    // MLX checks ranks but not the update's sizes: a wider update would write past the slice.
+    let n = indices[0].shape().to_vec();
+    let mut expected = n.clone();
+    expected.extend(src.shape().iter().enumerate().map(|(axis, &size)| {
+        if axes.contains(&(axis as i32)) {
+            1
+        } else {
+            size
+        }
+    }));
+    if n.len() != 1 || indices.iter().any(|i| i.shape() != n) || updates.shape() != expected {
+        return Err(Error::InvalidArgument(format!(
+            "scatter: updates {:?} for indices of shape {n:?} into {:?} along {axes:?}",
+            updates.shape(),
+            src.shape()
         )));
     }
     ensure_error_handler();

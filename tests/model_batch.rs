@@ -151,7 +151,8 @@ fn batch_rejects_multi_token_rows_and_cache_mismatch() {
 }
 
 /// What a decode step's graph holds, per the MLX graph census: one `SliceUpdate` per key /
-/// value write (no reshapes around it), with stacked attention one attention for rows holding
+/// value write (no reshapes around it; with a shared batch KV one `Scatter` per layer and
+/// tensor for all rows), with stacked attention one attention for rows holding
 /// as many keys, else one per row (on the CPU MLX decomposes attention, one `Softmax` each),
 /// and with `product_rows` each quantized
 /// product split into row chunks (5 rows, at most 2 per product: 3 where B = 1 has one).
@@ -162,7 +163,9 @@ fn decode_step_graph_has_one_write_per_cache_and_chunked_products() {
     let prompt: Vec<u32> = (0..40).map(|t| 2 + (t * 37) % 500).collect();
     let ctx = ForwardCtx::default().with_stacked_attention(true);
     let census = |rows: usize, ctx: &ForwardCtx| {
-        GraphCensus::from_text(&decode_step_graph(&model, &prompt, rows, ctx).expect("graph"))
+        GraphCensus::from_text(
+            &decode_step_graph(&model, &prompt, rows, ctx, false).expect("graph"),
+        )
     };
     let one = census(1, &ctx);
     let five = census(5, &ctx);
@@ -179,6 +182,16 @@ fn decode_step_graph_has_one_write_per_cache_and_chunked_products() {
     let caches = model.new_cache().len();
     assert_eq!(one.count("SliceUpdate"), 2 * caches, "{one:?}");
     assert_eq!(five.count("SliceUpdate"), 5 * 2 * caches, "{five:?}");
+    // A shared batch KV: one scatter per layer and tensor for all rows, no per-row writes.
+    let shared = GraphCensus::from_text(
+        &decode_step_graph(&model, &prompt, 5, &ctx, true).expect("shared graph"),
+    );
+    assert_eq!(shared.count("Scatter"), 2 * caches, "{shared:?}");
+    assert_eq!(shared.count("SliceUpdate"), 0, "{shared:?}");
+    assert!(
+        shared.nodes < five.nodes + 2 * caches,
+        "{shared:?} vs {five:?}"
+    );
     let qmm = one.count("QuantizedMatmul");
     assert!(qmm > 0, "{one:?}");
     assert_eq!(five.count("QuantizedMatmul"), qmm, "{five:?}");
@@ -189,7 +202,7 @@ fn decode_step_graph_has_one_write_per_cache_and_chunked_products() {
         .clone()
         .with_product_rows(Some(2))
         .with_product_kernel(true);
-    let err = decode_step_graph(&model, &prompt, 5, &forced).expect_err("no CUDA here");
+    let err = decode_step_graph(&model, &prompt, 5, &forced, false).expect_err("no CUDA here");
     assert!(err.to_string().contains("cuda kernel"), "{err}");
 }
 

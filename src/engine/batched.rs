@@ -243,17 +243,19 @@ impl<'a> Decoder<'a> {
             rows_per_product: rows_per_product_default(model),
             product_kernel: product_kernel_default(model),
             stacked_attention: stacked_attention_default(model),
-            shared_kv: batch_kv::shared_from_env().then(SharedKv::new),
+            shared_kv: shared_kv_default(model).then(SharedKv::new),
             profile: Cell::new(DecodeProfile::default()),
         }
     }
 
     /// Whether running rows keep their keys in buffers shared by the batch, written by one
     /// node per layer and tensor per step (see [`crate::model::batch_kv`]) instead of one per
-    /// row. Default off (`MEMEXEC_BATCH_KV=shared` turns it on): it has the same bits as
-    /// per-row caches but is not yet measured to be faster on a GPU, and a full layer's
-    /// buffer grows every slot to the longest row's positions, which the KV budget's per-row
-    /// estimate does not count.
+    /// row. Both layouts give the same bits. Default: on MLX CUDA (H200, session 17: an
+    /// eight-row e4b step 2300 -> 1964 graph nodes, EXTRACT at width 8 ~7% faster on medians
+    /// of 6-7 runs), off on the CPU and on Metal, where it is not measured;
+    /// `MEMEXEC_BATCH_KV=shared` / `per-row` overrides. Every slot of a full layer holds as
+    /// many positions as the longest row, so the KV budget then counts each running row at
+    /// the largest row's estimate ([`scheduler::admit_shared`]).
     pub fn shared_kv(&self) -> bool {
         self.shared_kv.is_some()
     }
@@ -563,6 +565,16 @@ impl<'a> Decoder<'a> {
         Ok(done)
     }
 
+    /// How many of `waiting` to admit under `limits` (estimated final KV bytes per row), by
+    /// the rule of this decoder's KV layout.
+    fn admit(&self, limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
+        if self.shared_kv() {
+            scheduler::admit_shared(limits, running, waiting)
+        } else {
+            scheduler::admit(limits, running, waiting)
+        }
+    }
+
     /// The estimated final KV bytes of a row.
     fn kv_need(&self, prompt_tokens: usize, max_tokens: usize) -> u64 {
         scheduler::row_kv_bytes(prompt_tokens, max_tokens, self.bytes_per_token())
@@ -582,7 +594,7 @@ impl<'a> Decoder<'a> {
                 .iter()
                 .map(|(_, r)| self.kv_need(r.prompt.len(), r.max_tokens))
                 .collect();
-            for _ in 0..scheduler::admit(limits, &running_need, &waiting_need) {
+            for _ in 0..self.admit(limits, &running_need, &waiting_need) {
                 let Some((i, req)) = waiting.pop_front() else {
                     break;
                 };
@@ -641,6 +653,11 @@ fn rows_per_product_default(model: &Model) -> usize {
 /// the CPU, whose products need no chunks.
 fn product_kernel_default(model: &Model) -> bool {
     !model.info().on_cpu && crate::model::quantized_rows::available()
+}
+
+/// On MLX CUDA (a GPU that is not Metal) unless `MEMEXEC_BATCH_KV` says otherwise.
+fn shared_kv_default(model: &Model) -> bool {
+    batch_kv::shared_from_env().unwrap_or(!model.info().on_cpu && !cfg!(target_os = "macos"))
 }
 
 /// On the CPU unless `MEMEXEC_STACKED_ATTENTION` says otherwise (`1` / `0`).
@@ -718,7 +735,7 @@ impl Backend for Batched {
                 .iter()
                 .map(|j| decoder.kv_need(0, j.max_tokens))
                 .collect();
-            for _ in 0..scheduler::admit(self.limits, &running_need, &waiting_need) {
+            for _ in 0..decoder.admit(self.limits, &running_need, &waiting_need) {
                 let Some(job) = waiting.pop_front() else {
                     break;
                 };

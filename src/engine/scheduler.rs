@@ -39,6 +39,30 @@ pub fn admit(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
     n
 }
 
+/// [`admit`] for rows whose keys share one buffer per layer and tensor
+/// ([`crate::model::batch_kv`]): every slot holds as many positions as the longest row, so `n`
+/// running rows are estimated at `n` times the largest need.
+pub fn admit_shared(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
+    let width = limits.width.max(1);
+    let mut largest = running.iter().copied().max().unwrap_or(0);
+    let mut n = 0;
+    for &need in waiting {
+        let rows = running.len() + n;
+        if rows >= width {
+            break;
+        }
+        let after = largest.max(need);
+        if let Some(budget) = limits.kv_budget {
+            if rows > 0 && after.saturating_mul(rows as u64 + 1) > budget {
+                break;
+            }
+        }
+        largest = after;
+        n += 1;
+    }
+    n
+}
+
 /// Estimated KV bytes of a row that will hold `prompt + max_tokens` positions, at
 /// `bytes_per_token` (an upper bound: sliding-window layers stop growing at their window).
 pub fn row_kv_bytes(prompt_tokens: usize, max_tokens: usize, bytes_per_token: u64) -> u64 {
@@ -84,6 +108,19 @@ mod tests {
         assert_eq!(admit(lim(4, None), &[1; 4], &[1; 10]), 0);
         assert_eq!(admit(lim(4, None), &[], &[1, 1]), 2);
         assert_eq!(admit(lim(0, None), &[], &[1, 1]), 1);
+    }
+
+    #[test]
+    fn shared_buffers_cost_every_row_the_largest_need() {
+        // Per row these fit (10 + 10 + 40 <= 70); shared, three rows cost 3 x 40.
+        assert_eq!(admit(lim(8, Some(70)), &[10], &[10, 40]), 2);
+        assert_eq!(admit_shared(lim(8, Some(70)), &[10], &[10, 40]), 1);
+        assert_eq!(admit_shared(lim(8, Some(120)), &[10], &[10, 40]), 2);
+        // A running long row makes a short one cost as much.
+        assert_eq!(admit_shared(lim(8, Some(70)), &[40], &[1]), 0);
+        // Width, no budget, and the first row always admitted, as in `admit`.
+        assert_eq!(admit_shared(lim(2, None), &[], &[5, 5, 5]), 2);
+        assert_eq!(admit_shared(lim(8, Some(1)), &[], &[5, 5]), 1);
     }
 
     #[test]

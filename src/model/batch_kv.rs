@@ -1,5 +1,5 @@
-//! A key / value buffer per layer shared by every row of a decode batch (opt-in:
-//! `MEMEXEC_BATCH_KV=shared`).
+//! A key / value buffer per layer shared by every row of a decode batch (the batched decoder's
+//! default on MLX CUDA, see [`crate::engine::Decoder::shared_kv`]).
 //!
 //! Why: with per-row caches a batched decode step writes each row's new keys and values with
 //! one `SliceUpdate` per row, layer and tensor (384 nodes in an eight-row e4b step), and a
@@ -24,9 +24,18 @@ use crate::mlx_ffi::{scatter, slice_update};
 /// Full layers' slots grow by this many positions at a time (as the serial caches do).
 const STEP: i32 = 256;
 
-/// Whether batched decoding keeps its keys in shared buffers: `MEMEXEC_BATCH_KV=shared`.
-pub fn shared_from_env() -> bool {
-    std::env::var("MEMEXEC_BATCH_KV").is_ok_and(|v| v.trim().eq_ignore_ascii_case("shared"))
+/// The KV layout `MEMEXEC_BATCH_KV` asks batched decoding for: `Some(true)` for `shared`,
+/// `Some(false)` for `per-row`, `None` (the decoder's default) for anything else or nothing.
+pub fn shared_from_env() -> Option<bool> {
+    parse_layout(std::env::var("MEMEXEC_BATCH_KV").ok().as_deref())
+}
+
+fn parse_layout(value: Option<&str>) -> Option<bool> {
+    match value.map(str::trim) {
+        Some(v) if v.eq_ignore_ascii_case("shared") => Some(true),
+        Some(v) if v.eq_ignore_ascii_case("per-row") => Some(false),
+        _ => None,
+    }
 }
 
 /// One layer's buffers, `[slots, kv_heads, capacity, head_dim]`.
@@ -432,6 +441,15 @@ mod tests {
             (0, 0),
             "the last row frees the buffers"
         );
+    }
+
+    #[test]
+    fn the_variable_names_a_layout_or_leaves_the_default() {
+        assert_eq!(parse_layout(Some(" Shared ")), Some(true));
+        assert_eq!(parse_layout(Some("per-row")), Some(false));
+        for v in [None, Some(""), Some("1"), Some("per_row")] {
+            assert_eq!(parse_layout(v), None, "{v:?}");
+        }
     }
 
     #[test]

@@ -436,6 +436,7 @@ pub fn run(args: Args) -> Result<()> {
             .then_some(probe.rows_per_product()),
         "product_kernel": probe.product_kernel(),
         "stacked_attention": probe.stacked_attention(),
+        "shared_kv": probe.shared_kv(),
         "decode_attention": backend.model().info().decode_attention,
         "values_kernel": memexec::model::values_product::used_with(
             backend.model().info().decode_attention,

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
     let ctx = decoder.base_ctx();
     let mut results = Vec::new();
     for &rows in &args.rows {
-        let text = decode_step_graph(&model, &prompt, rows, &ctx)?;
+        let text = decode_step_graph(&model, &prompt, rows, &ctx, decoder.shared_kv())?;
         if let Some(dir) = &args.dump {
             let path = dir.join(format!("decode-graph-rows{rows}.txt"));
             std::fs::write(&path, &text).map_err(|source| memexec::Error::Io { path, source })?;
@@ -69,6 +69,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "fused_projections": model.info().fused_groups,
             "decode_attention": model.info().decode_attention,
             "product_kernel": decoder.product_kernel(),
+            "shared_kv": decoder.shared_kv(),
             "values_kernel": memexec::model::values_product::used_with(model.info().decode_attention),
             "prompt_len": prompt.len(),
             "steps": results,
