@@ -81,6 +81,18 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
         );
         (status, res)
     };
+    owned_result(status, res, || {
+        format!("slice_update of {shape:?} at {start:?}..{stop:?} failed")
+    })
+}
+
+/// The array an MLX-C call filled into `res` (made by `mlx_array_new`, owned by the caller)
+/// when `status` is 0; else frees `res` and fails with `what`.
+fn owned_result(
+    status: std::os::raw::c_int,
+    res: mlx_sys::mlx_array,
+    what: impl FnOnce() -> String,
+) -> Result<Array> {
     // SAFETY: `res` is a handle we own (new or filled in by the call), released exactly once:
     // by the returned `Array`'s `Drop`, or here on failure.
     unsafe {
@@ -88,10 +100,7 @@ pub fn slice_update(src: &Array, update: &Array, start: &[i32], stop: &[i32]) ->
             Ok(Array::from_ptr(res))
         } else {
             mlx_sys::mlx_array_free(res);
-            Err(Exception::custom(format!(
-                "slice_update of {shape:?} at {start:?}..{stop:?} failed"
-            ))
-            .into())
+            Err(Exception::custom(what()).into())
         }
     }
 }
@@ -148,20 +157,13 @@ pub fn scatter(src: &Array, indices: &[&Array], updates: &Array, axes: &[i32]) -
         mlx_sys::mlx_vector_array_free(vec);
         (status, res)
     };
-    // SAFETY: as in `slice_update`: `res` is ours, released once (by the `Array` or here).
-    unsafe {
-        if status == 0 {
-            Ok(Array::from_ptr(res))
-        } else {
-            mlx_sys::mlx_array_free(res);
-            Err(Exception::custom(format!(
-                "scatter of {:?} into {:?} along {axes:?} failed",
-                updates.shape(),
-                src.shape()
-            ))
-            .into())
-        }
-    }
+    owned_result(status, res, || {
+        format!(
+            "scatter of {:?} into {:?} along {axes:?} failed",
+            updates.shape(),
+            src.shape()
+        )
+    })
 }
 
 /// A template constant of a [`CudaKernel`]: `constexpr int` / `using` (MLX-C also takes
