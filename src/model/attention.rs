@@ -14,9 +14,11 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
 
 use super::attention_probs;
+use super::batch_kv::SlotRows;
 use super::cache::{missing_layer, Mask, RowCache};
 use super::decode_attention::{self, DecodeAttention};
 use super::rope::Rope;
+use super::slot_attention;
 use crate::error::{Error, Result};
 
 /// Whether row-wise steps that MLX can do for all rows at once (RoPE at per-row offsets, the
@@ -292,8 +294,11 @@ fn attend_one(
 /// The keys / values each row of a forward attended over (`[1, kv_heads, S_r, head_dim]`),
 /// plus the stacks [`attend_rows`] built from them, kept for the layers that share these keys
 /// (Gemma-4's KV-shared layers): they attend over the same stacks without rebuilding them.
+/// Rows over a shared batch KV keep its buffers and slots ([`SlotRows`]) and make the per-row
+/// views only when something asks for them: a kernel that reads by slot needs none.
 pub struct RowKv {
     rows: Vec<(Array, Array)>,
+    slots: Option<SlotRows>,
     stacks: Vec<(Vec<usize>, Array, Array)>,
 }
 
@@ -302,6 +307,16 @@ impl RowKv {
     pub fn new(rows: Vec<(Array, Array)>) -> RowKv {
         RowKv {
             rows,
+            slots: None,
+            stacks: Vec::new(),
+        }
+    }
+
+    /// The rows of a step over a shared batch KV.
+    pub fn from_slots(slots: SlotRows) -> RowKv {
+        RowKv {
+            rows: Vec::new(),
+            slots: Some(slots),
             stacks: Vec::new(),
         }
     }
@@ -315,7 +330,7 @@ impl RowKv {
         v: &Array,
     ) -> Result<RowKv> {
         if caches.first().is_some_and(|c| c.slot().is_some()) {
-            return Ok(RowKv::new(super::batch_kv::update_rows(
+            return Ok(RowKv::from_slots(super::batch_kv::update_rows(
                 caches, layer, k, v,
             )?));
         }
@@ -330,33 +345,49 @@ impl RowKv {
         Ok(RowKv::new(fetched))
     }
 
+    /// Every row's keys and values (over a shared batch KV: its views, made on first ask).
+    fn all_rows(&mut self) -> Result<&[(Array, Array)]> {
+        if let Some(slots) = &self.slots {
+            if self.rows.is_empty() && !slots.is_empty() {
+                self.rows = slots.views()?;
+            }
+        }
+        Ok(&self.rows)
+    }
+
     /// Row `r`'s keys and values.
-    pub fn row(&self, r: usize) -> Option<&(Array, Array)> {
-        self.rows.get(r)
+    pub fn row(&mut self, r: usize) -> Result<&(Array, Array)> {
+        self.all_rows()?.get(r).ok_or_else(|| missing_row(r))
+    }
+
+    /// The shared batch KV's buffers and slots, when the rows are over one.
+    pub fn slots(&self) -> Option<&SlotRows> {
+        self.slots.as_ref()
     }
 
     /// Number of rows.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.slots.as_ref().map_or(self.rows.len(), SlotRows::len)
     }
 
     /// True when there are no rows.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.len() == 0
     }
 
     /// The keys and values of `members` (ascending rows) stacked along the batch axis.
     fn stacked(&mut self, members: &[usize]) -> Result<(Array, Array)> {
         if let [r] = members {
-            return self.rows.get(*r).cloned().ok_or_else(|| missing_row(*r));
+            return self.row(*r).cloned();
         }
         if let Some((_, k, v)) = self.stacks.iter().find(|(m, _, _)| m == members) {
             return Ok((k.clone(), v.clone()));
         }
+        let rows = self.all_rows()?;
         let mut keys = Vec::with_capacity(members.len());
         let mut values = Vec::with_capacity(members.len());
         for &r in members {
-            let (k, v) = self.rows.get(r).ok_or_else(|| missing_row(r))?;
+            let (k, v) = rows.get(r).ok_or_else(|| missing_row(r))?;
             keys.push(k.clone());
             values.push(v.clone());
         }
@@ -400,11 +431,17 @@ pub fn attend_rows(
         && q.dim(2) == 1
         && masks.iter().all(|m| matches!(m, Mask::None))
     {
+        // Over a shared batch KV, kernels that read each row's slot of the buffers.
+        if form.decode == DecodeAttention::Probs && slot_attention::available() {
+            if let Some(slots) = kv.slots() {
+                if let Some(o) = slot_attention::attend(q, slots, scale)? {
+                    return Ok(o);
+                }
+            }
+        }
         // Every row in one kernel node when all suit it; else row by row below (a row that
         // suits the kernel still gets it there: the same bits either way).
-        let rows = (0..b)
-            .map(|r| kv.row(r).map(|(k, v)| (k, v)).ok_or_else(|| missing_row(r)))
-            .collect::<Result<Vec<_>>>()?;
+        let rows: Vec<(&Array, &Array)> = kv.all_rows()?.iter().map(|(k, v)| (k, v)).collect();
         if let Some(o) = decode_kernel(form.decode, q, &rows, scale)? {
             return Ok(o);
         }
@@ -414,7 +451,7 @@ pub fn attend_rows(
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut by_keys: Vec<(i32, usize)> = Vec::new();
     for (r, mask) in masks.iter().enumerate() {
-        let keys = kv.row(r).map_or(0, |(k, _)| k.dim(2));
+        let keys = kv.row(r)?.0.dim(2);
         match by_keys.iter().find(|(n, _)| *n == keys) {
             Some(&(_, g)) if stackable && matches!(mask, Mask::None) => groups[g].push(r),
             _ => {

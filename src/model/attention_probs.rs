@@ -78,6 +78,54 @@ pub fn source(rows: usize) -> String {
     s
 }
 
+/// The source of the kernel that reads keys by slot ([`super::slot_attention`]) for `rows`
+/// rows: the inputs are the queries `q`, ONE key buffer `kb` `[slots, kv_heads, capacity, D]`,
+/// `row_slots` and `row_keys` (int32, each row's slot and key count: MLX gives a kernel the
+/// shapes of its inputs, not of its outputs). The prologue points `kr` at the row's slot,
+/// which is where the row's view of that slot starts, with the view's strides, so the body
+/// reads the same keys at the same addresses.
+pub fn source_slots(rows: usize) -> String {
+    let mut s = String::from(
+        "const int heads = q_shape[1];\n\
+         const int row = blockIdx.x / heads;\n\
+         const int h = blockIdx.x % heads;\n\
+         const int kv_heads = kb_shape[1];\n\
+         const int64_t k_head = kb_strides[1];\n\
+         const int64_t k_step = kb_strides[2];\n\
+         T* pr;\nint n_keys;\n\
+         switch (row) {\n",
+    );
+    for r in 0..rows {
+        s.push_str(&format!("  case {r}: pr = p{r}; break;\n"));
+    }
+    s.push_str(
+        "  default: return;\n}\n\
+         n_keys = row_keys[row];\n\
+         const T* kr = kb + static_cast<int64_t>(row_slots[row]) * kb_strides[0];\n\
+         const T* qh = q + row * q_strides[0] + h * q_strides[1];\n\
+         T* ph = pr + h * n_keys;\n\
+         int* counter = const_cast<int*>(counters) + row * heads + h;\n",
+    );
+    s.push_str(&body());
+    s
+}
+
+/// The kernel for calls of `rows` rows that reads keys by slot, and the row count it takes.
+fn slots_kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
+    super::row_kernel::bucket_kernel("memexec_attention_probs_slots", rows, |name, n| {
+        let outputs: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
+        let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
+        CudaKernel::new(
+            name,
+            &["q", "kb", "row_slots", "row_keys", "counters"],
+            &outputs,
+            &source_slots(n),
+            HEADER,
+            false,
+        )
+    })
+}
+
 /// The kernel for calls of `rows` rows and the row count it takes.
 fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
     super::row_kernel::bucket_kernel("memexec_attention_probs", rows, |name, n| {
@@ -190,35 +238,70 @@ fn next_counters() -> Result<Array> {
 /// `[1, kv_heads, heads / kv_heads, 1, S_r]`. Every block gets CUDA's most threads: the
 /// scores take one warp per key, and a decode step's host work does not grow with them.
 fn probabilities(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Vec<Array>> {
-    let (rows, heads, d, dtype) = (q.dim(0), q.dim(1), q.dim(3), q.dtype());
     let first = kv
         .first()
         .ok_or_else(|| Error::Internal("attention probabilities: no rows".into()))?;
     let (slots, kernel) = kernel(kv.len())?;
     let mut inputs: Vec<&Array> = Vec::with_capacity(1 + slots);
     inputs.push(q);
-    let mut shapes: Vec<[i32; 5]> = Vec::with_capacity(slots);
     for r in 0..slots {
-        match kv.get(r) {
-            Some((k, _)) => {
-                let (groups, keys) = (k.dim(1), k.dim(2));
-                inputs.push(k);
-                shapes.push([1, groups, heads / groups, 1, keys]);
-            }
-            None => {
-                inputs.push(first.0);
-                shapes.push([1, 1, 1, 1, 1]);
-            }
-        }
+        inputs.push(kv.get(r).unwrap_or(first).0);
     }
+    let keys: Vec<(i32, i32)> = kv.iter().map(|(k, _)| (k.dim(1), k.dim(2))).collect();
+    launch(&kernel, slots, inputs, q, &keys, scale)
+}
+
+/// [`probabilities`] for rows that read their keys from slots of one buffer `keys`
+/// (`[slots, kv_heads, capacity, D]`): row `r` scores the first `visible[r]` positions of slot
+/// `row_slots[r]`, as [`probabilities`] scores the view of them (`row_slots`, `row_keys`:
+/// int32 `[rows]` arrays of the slots and of `visible`).
+pub(super) fn probabilities_slots(
+    q: &Array,
+    keys: &Array,
+    row_slots: &Array,
+    row_keys: &Array,
+    visible: &[i32],
+    scale: f32,
+) -> Result<Vec<Array>> {
+    let (slots, kernel) = slots_kernel(visible.len())?;
+    let kv_heads = keys.dim(1);
+    let rows: Vec<(i32, i32)> = visible.iter().map(|&s| (kv_heads, s)).collect();
+    launch(
+        &kernel,
+        slots,
+        vec![q, keys, row_slots, row_keys],
+        q,
+        &rows,
+        scale,
+    )
+}
+
+/// Runs a probabilities kernel made for `slots` rows on `inputs` (the counters appended):
+/// `rows[r]` is row `r`'s (kv_heads, key count); the unused outputs are one element each.
+fn launch(
+    kernel: &CudaKernel,
+    slots: usize,
+    inputs: Vec<&Array>,
+    q: &Array,
+    rows: &[(i32, i32)],
+    scale: f32,
+) -> Result<Vec<Array>> {
+    let (n, heads, d, dtype) = (q.dim(0), q.dim(1), q.dim(3), q.dtype());
+    let shapes: Vec<[i32; 5]> = (0..slots)
+        .map(|r| match rows.get(r) {
+            Some(&(groups, keys)) => [1, groups, heads / groups, 1, keys],
+            None => [1, 1, 1, 1, 1],
+        })
+        .collect();
     let counters = next_counters()?;
+    let mut inputs = inputs;
     inputs.push(&counters);
-    let most_keys = kv.iter().map(|(k, _)| k.dim(2)).max().unwrap_or(1);
+    let most_keys = rows.iter().map(|&(_, k)| k).max().unwrap_or(1);
     let outputs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (&s[..], dtype)).collect();
     let mut out = kernel.apply(
         &inputs,
         &outputs,
-        [rows * heads * THREADS, chunks(rows, heads, most_keys), 1],
+        [n * heads * THREADS, chunks(n, heads, most_keys), 1],
         [THREADS, 1, 1],
         &super::attention::kernel_constants(dtype, d, scale, MAX_KEYS),
     )?;
@@ -228,7 +311,7 @@ fn probabilities(q: &Array, kv: &[(&Array, &Array)], scale: f32) -> Result<Vec<A
             out.len()
         )));
     }
-    out.truncate(kv.len());
+    out.truncate(rows.len());
     Ok(out)
 }
 

@@ -17,12 +17,9 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::cache::{missing_layer, RowCache};
+use super::cache::{missing_layer, RowCache, STEP};
 use crate::error::{Error, Result};
 use crate::mlx_ffi::{scatter, slice_update};
-
-/// Full layers' slots grow by this many positions at a time (as the serial caches do).
-const STEP: i32 = 256;
 
 /// The KV layout `MEMEXEC_BATCH_KV` asks batched decoding for: `Some(true)` for `shared`,
 /// `Some(false)` for `per-row`, `None` (the decoder's default) for anything else or nothing.
@@ -52,7 +49,7 @@ pub struct SharedKv {
     taken: Vec<bool>,
     /// The slot / position index arrays of the current step, per distinct content: the layers
     /// of one type write the same places, so they share one pair of host-made arrays.
-    places: Vec<(Vec<i32>, [Array; 2])>,
+    places: Vec<(Vec<i32>, [Array; 3])>,
 }
 
 /// A row's hold on a slot of a [`SharedKv`]; dropping it frees the slot.
@@ -152,14 +149,16 @@ impl SharedKv {
     }
 
     /// Writes one position of each row: `at[r] = (slot, position)`, `keys` / `values`
-    /// `[rows, kv_heads, 1, head_dim]`; returns the layer's buffers after the writes.
+    /// `[rows, kv_heads, 1, head_dim]`, after which row `r` attends over `visible[r]`
+    /// positions; returns what the rows attend over.
     fn write(
         &mut self,
         layer: usize,
         at: &[(i32, i32)],
+        visible: Vec<i32>,
         keys: &Array,
         values: &Array,
-    ) -> Result<(Array, Array)> {
+    ) -> Result<SlotRows> {
         let rows = at.len() as i32;
         let positions = at.iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
         let slots = self.taken.len() as i32;
@@ -172,7 +171,7 @@ impl SharedKv {
         } else {
             (current.keys.clone(), current.values.clone())
         };
-        let [slot_idx, pos_idx] = self.places(at);
+        let [slot_idx, pos_idx, seen_idx] = self.places(at, &visible);
         let as_update = |a: &Array| -> Result<Array> {
             let s = a.shape();
             Ok(a.reshape(&[rows, 1, s[1], 1, s[3]])?)
@@ -183,12 +182,25 @@ impl SharedKv {
             keys: kb.clone(),
             values: vb.clone(),
         });
-        Ok((kb, vb))
+        Ok(SlotRows {
+            keys: kb,
+            values: vb,
+            slots: slot_idx,
+            slot_ids: at.iter().map(|&(slot, _)| slot).collect(),
+            visible,
+            visible_array: seen_idx,
+        })
     }
 
-    /// The index arrays of `at`, shared by the layers that write the same places in a step.
-    fn places(&mut self, at: &[(i32, i32)]) -> [Array; 2] {
-        let key: Vec<i32> = at.iter().flat_map(|&(s, p)| [s, p]).collect();
+    /// The index arrays of a step's places: each row's slot, the position it writes and the
+    /// positions it then attends over (`visible`), shared by the layers that write the same
+    /// places in a step (made once on the host for all of them).
+    fn places(&mut self, at: &[(i32, i32)], visible: &[i32]) -> [Array; 3] {
+        let key: Vec<i32> = at
+            .iter()
+            .zip(visible)
+            .flat_map(|(&(s, p), &v)| [s, p, v])
+            .collect();
         if let Some((_, arrays)) = self.places.iter().find(|(k, _)| *k == key) {
             return arrays.clone();
         }
@@ -198,6 +210,7 @@ impl SharedKv {
         let arrays = [
             Array::from_slice(&slots, &[n]),
             Array::from_slice(&positions, &[n]),
+            Array::from_slice(visible, &[n]),
         ];
         // A step writes at most two kinds of places (full and sliding layers); older ones
         // belong to earlier steps.
@@ -229,6 +242,11 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         ));
     }
     let plans = cache.slot_plans()?;
+    if plans.iter().any(|p| p.data.is_none()) {
+        return Err(Error::InvalidArgument(
+            "a row joins a shared KV only after its prefill".into(),
+        ));
+    }
     let mut shared = lock(kv)?;
     let free = shared.taken.iter().position(|t| !t);
     let index = free.unwrap_or(shared.taken.len()) as i32;
@@ -237,14 +255,12 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
     for (layer, plan) in plans.iter().enumerate() {
         let lc = cache.layer(layer).ok_or_else(|| missing_layer(layer))?;
         let window = lc.slot_window();
-        let held = plan.data.as_ref().map_or(0, |(k, _)| k.dim(2));
+        let Some((k, v)) = &plan.data else {
+            return Err(Error::Internal("shared KV: a plan lost its data".into()));
+        };
+        let held = k.dim(2);
         // A full layer's next write goes at its offset; a ring's slot holds its window.
         let positions = if window > 0 { window } else { lc.offset() + 1 };
-        let Some((k, v)) = &plan.data else {
-            // Nothing cached: the buffers get made (or grown) at this layer's first write.
-            buffers.push(None);
-            continue;
-        };
         let (kb, vb) = shared.fitted(layer, (k, v), slots, positions.max(held))?;
         let write = |buf: &Array, new: &Array| -> Result<Array> {
             let s = new.shape();
@@ -254,11 +270,6 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
             keys: write(&kb, k)?,
             values: write(&vb, v)?,
         }));
-    }
-    if buffers.iter().any(Option::is_none) {
-        return Err(Error::InvalidArgument(
-            "a row joins a shared KV only after its prefill".into(),
-        ));
     }
     if shared.layers.len() < buffers.len() {
         shared.layers.resize_with(buffers.len(), || None);
@@ -302,15 +313,63 @@ pub fn eval(kv: &Mutex<SharedKv>) -> Result<()> {
     Ok(())
 }
 
+/// One layer's keys / values of a step over a [`SharedKv`]: the buffers after the step's
+/// writes and, per row, its slot and how many positions it attends over. Row `r` attends over
+/// `[slot_r, :, 0..visible_r, :]` of each buffer: [`SlotRows::views`] as arrays, or the buffers
+/// themselves with the slot array where a kernel reads them by slot
+/// ([`super::slot_attention`]), which saves a view node per row, layer and tensor.
+#[derive(Clone)]
+pub struct SlotRows {
+    /// Keys, `[slots, kv_heads, capacity, head_dim]`.
+    pub keys: Array,
+    /// Values, shaped like the keys.
+    pub values: Array,
+    /// Each row's slot, an int32 `[rows]` array (the one the step's writes used).
+    pub slots: Array,
+    /// Each row's slot, on the host.
+    pub slot_ids: Vec<i32>,
+    /// Positions each row attends over.
+    pub visible: Vec<i32>,
+    /// `visible` as an int32 `[rows]` array (a kernel's output carries no shape to read it
+    /// from).
+    pub visible_array: Array,
+}
+
+impl SlotRows {
+    /// Rows of the step.
+    pub fn len(&self) -> usize {
+        self.visible.len()
+    }
+
+    /// True when the step has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.visible.is_empty()
+    }
+
+    /// Each row's `[1, kv_heads, visible, head_dim]` keys / values: views of its slot.
+    pub fn views(&self) -> Result<Vec<(Array, Array)>> {
+        self.slot_ids
+            .iter()
+            .zip(&self.visible)
+            .map(|(&slot, &seen)| {
+                Ok((
+                    self.keys.try_index((slot..slot + 1, .., 0..seen, ..))?,
+                    self.values.try_index((slot..slot + 1, .., 0..seen, ..))?,
+                ))
+            })
+            .collect()
+    }
+}
+
 /// Writes one new position of each row (`keys` / `values` `[rows, kv_heads, 1, head_dim]`,
 /// row `r` of `caches[r]`, which all hold slots of one [`SharedKv`]) into layer `layer` and
-/// returns what each row attends over: `[1, kv_heads, visible, head_dim]` views of its slot.
+/// returns what each row attends over.
 pub fn update_rows(
     caches: &mut [&mut RowCache],
     layer: usize,
     keys: &Array,
     values: &Array,
-) -> Result<Vec<(Array, Array)>> {
+) -> Result<SlotRows> {
     let kv = match caches.first().and_then(|c| c.slot()) {
         Some(slot) => slot.shared().clone(),
         None => return Err(Error::Internal("shared KV update of unslotted rows".into())),
@@ -338,16 +397,8 @@ pub fn update_rows(
         at.push((slot, pos));
         visible.push(seen);
     }
-    let (kb, vb) = lock(&kv)?.write(layer, &at, keys, values)?;
-    at.iter()
-        .zip(visible)
-        .map(|(&(slot, _), seen)| {
-            Ok((
-                kb.try_index((slot..slot + 1, .., 0..seen, ..))?,
-                vb.try_index((slot..slot + 1, .., 0..seen, ..))?,
-            ))
-        })
-        .collect()
+    let rows = lock(&kv)?.write(layer, &at, visible, keys, values)?;
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -419,9 +470,10 @@ mod tests {
             for layer in 0..2 {
                 let (k, v) = (kv(rows, 1, 1000 + step), kv(rows, 1, -1000 - step));
                 let mut refs: Vec<&mut RowCache> = serial.iter_mut().collect();
-                let want = RowKv::update(&mut refs, layer, &k, &v).unwrap();
+                let mut want = RowKv::update(&mut refs, layer, &k, &v).unwrap();
                 let mut refs: Vec<&mut RowCache> = shared.iter_mut().collect();
-                let got = RowKv::update(&mut refs, layer, &k, &v).unwrap();
+                let mut got = RowKv::update(&mut refs, layer, &k, &v).unwrap();
+                assert!(got.slots().is_some());
                 for r in 0..rows as usize {
                     let (w, g) = (want.row(r).unwrap(), got.row(r).unwrap());
                     assert!(

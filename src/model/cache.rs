@@ -9,8 +9,9 @@ use super::batch_kv::Slot;
 use crate::error::{Error, Result};
 use crate::mlx_ffi::slice_update;
 
-/// Buffers grow by this many positions at a time (mlx-lm's `step`).
-const STEP: i32 = 256;
+/// Buffers grow by this many positions at a time (mlx-lm's `step`); the shared batch KV's
+/// full-layer slots follow them ([`super::batch_kv`]).
+pub(super) const STEP: i32 = 256;
 
 /// The attention mask of one forward call for one layer type.
 pub enum Mask {

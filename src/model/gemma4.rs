@@ -546,12 +546,11 @@ impl Gemma4 {
             };
             if let Some(t) = trace.as_mut() {
                 // What this layer attended over: its own keys (`kv_source == i`) or shared ones.
-                if let Some(Some((row_kv, _))) = kvs.get(layer.kv_source) {
+                if let Some(Some((row_kv, _))) = kvs.get_mut(layer.kv_source) {
                     for r in 0..row_kv.len() {
-                        if let Some((keys, values)) = row_kv.row(r) {
-                            t.record(format!("k.{i}"), keys);
-                            t.record(format!("v.{i}"), values);
-                        }
+                        let (keys, values) = row_kv.row(r)?;
+                        t.record(format!("k.{i}"), keys);
+                        t.record(format!("v.{i}"), values);
                     }
                 }
                 t.record(format!("q.{i}"), &q);

@@ -24,6 +24,7 @@ pub mod norm;
 pub mod quantized_rows;
 pub mod rope;
 pub mod row_kernel;
+pub mod slot_attention;
 pub mod trace;
 pub mod values_product;
 pub mod weight_form;

@@ -133,6 +133,44 @@ pub fn source(rows: usize) -> String {
     s
 }
 
+/// The source of the kernel that reads values by slot ([`super::slot_attention`]) for `rows`
+/// rows: inputs `p<r>`, ONE value buffer `vb` `[slots, kv_heads, capacity, D]` and `row_slots`
+/// (int32, each row's slot); row `r`'s key count is `p<r>`'s last dim. `vr` points at the
+/// row's slot with the buffer's strides: where, and how, the row's view reads it.
+pub fn source_slots(rows: usize) -> String {
+    let mut s = String::from(
+        "const int kv_heads = vb_shape[1];\n\
+         const int groups = p0_shape[2];\n\
+         const int row = blockIdx.x / (kv_heads * (D / 32));\n\
+         const int64_t v_head = vb_strides[1];\n\
+         const int64_t v_step = vb_strides[2];\n\
+         const T* pr;\nint n_keys;\n\
+         switch (row) {\n",
+    );
+    for r in 0..rows {
+        s.push_str(&format!(
+            "  case {r}: pr = p{r}; n_keys = p{r}_shape[4]; break;\n"
+        ));
+    }
+    s.push_str(
+        "  default: return;\n}\n\
+         const T* vr = vb + static_cast<int64_t>(row_slots[row]) * vb_strides[0];\n",
+    );
+    s.push_str(&body());
+    s
+}
+
+fn slots_kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
+    super::row_kernel::bucket_kernel("memexec_values_product_slots", rows, |name, n| {
+        let inputs: Vec<String> = (0..n)
+            .map(|r| format!("p{r}"))
+            .chain(["vb".to_string(), "row_slots".to_string()])
+            .collect();
+        let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        CudaKernel::new(name, &inputs, &["o"], &source_slots(n), HEADER, false)
+    })
+}
+
 fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
     super::row_kernel::bucket_kernel("memexec_values_product", rows, |name, n| {
         let inputs: Vec<String> = (0..n)
@@ -182,22 +220,45 @@ pub fn product_rows(ps: &[Array], vs: &[&Array]) -> Result<Option<Array>> {
         let mut inputs: Vec<&Array> = Vec::with_capacity(2 * slots);
         inputs.extend((0..slots).map(|r| pc.get(r).unwrap_or(&pc[0])));
         inputs.extend((0..slots).map(|r| *vc.get(r).unwrap_or(&vc[0])));
-        let rows = pc.len() as i32;
-        let shape = [rows, kv, groups, 1, d];
-        let mut out = kernel.apply(
-            &inputs,
-            &[(&shape[..], Dtype::Bfloat16)],
-            [rows * kv * (d / 32) * THREADS, 1, 1],
-            [THREADS, 1, 1],
-            &order.constants(),
-        )?;
-        outs.push(
-            out.pop().ok_or_else(|| {
-                Error::Internal("values product: the kernel made no output".into())
-            })?,
-        );
+        outs.push(launch(&kernel, &inputs, pc, order)?);
     }
     Ok(Some(super::attention::stack_rows(outs)?))
+}
+
+/// [`product_rows`] for at most [`ROWS_PER_CALL`] rows whose values are slots of one buffer
+/// `values` (`[slots, kv_heads, capacity, D]`, bf16): row `r` multiplies `ps[r]` by the first
+/// `S_r` positions of slot `row_slots[r]` (an int32 `[rows]` array). The caller checks what
+/// [`product_rows`] checks (the table covers each `S_r`, 1 to 8 groups, bf16).
+pub(super) fn product_slots(ps: &[Array], values: &Array, row_slots: &Array) -> Result<Array> {
+    let order = Order::for_dim(values.dim(-1)).ok_or_else(|| {
+        Error::Internal(format!("values product: no order for {:?}", values.shape()))
+    })?;
+    let Some(first) = ps.first() else {
+        return Err(Error::Internal("values product: no rows".into()));
+    };
+    let (slots, kernel) = slots_kernel(ps.len())?;
+    let mut inputs: Vec<&Array> = (0..slots).map(|r| ps.get(r).unwrap_or(first)).collect();
+    inputs.extend([values, row_slots]);
+    launch(&kernel, &inputs, ps, order)
+}
+
+/// Runs a values-product kernel for the rows `ps` (their probabilities) on `inputs`.
+fn launch(kernel: &CudaKernel, inputs: &[&Array], ps: &[Array], order: &Order) -> Result<Array> {
+    let p0 = ps
+        .first()
+        .ok_or_else(|| Error::Internal("values product: no rows".into()))?;
+    let (kv, groups) = (p0.dim(1), p0.dim(2));
+    let (rows, d) = (ps.len() as i32, order.d);
+    let shape = [rows, kv, groups, 1, d];
+    let mut out = kernel.apply(
+        inputs,
+        &[(&shape[..], Dtype::Bfloat16)],
+        [rows * kv * (d / 32) * THREADS, 1, 1],
+        [THREADS, 1, 1],
+        &order.constants(),
+    )?;
+    out.pop()
+        .ok_or_else(|| Error::Internal("values product: the kernel made no output".into()))
 }
 
 /// Whether the kernel runs here and gives cuBLAS's bits ([`self_check`]), asked once per

@@ -441,6 +441,10 @@ pub fn run(args: Args) -> Result<()> {
         "values_kernel": memexec::model::values_product::used_with(
             backend.model().info().decode_attention,
         ),
+        "slot_attention": memexec::model::slot_attention::used_with(
+            backend.model().info().decode_attention,
+            probe.shared_kv(),
+        ),
         "row_ops": if memexec::model::attention::per_row_ops() { "per-row" } else { "batched" },
     });
     if let Some(path) = &args.json_out {

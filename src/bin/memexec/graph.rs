@@ -71,6 +71,10 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "product_kernel": decoder.product_kernel(),
             "shared_kv": decoder.shared_kv(),
             "values_kernel": memexec::model::values_product::used_with(model.info().decode_attention),
+            "slot_attention": memexec::model::slot_attention::used_with(
+                model.info().decode_attention,
+                decoder.shared_kv(),
+            ),
             "prompt_len": prompt.len(),
             "steps": results,
         });
