@@ -264,7 +264,8 @@ impl<'a> Decoder<'a> {
     pub fn shared_kv_rows(&self) -> Option<usize> {
         self.shared_kv
             .as_ref()
-            .map(|kv| kv.lock().map_or(0, |kv| kv.rows()))
+            // A step that panicked holding the lock left the slot table as it was: count it.
+            .map(|kv| kv.lock().unwrap_or_else(|e| e.into_inner()).rows())
     }
 
     /// Sets [`Decoder::shared_kv`] (before any row steps: rows that joined shared buffers
