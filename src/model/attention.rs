@@ -431,9 +431,10 @@ pub fn attend_rows(
         && q.dim(2) == 1
         && masks.iter().all(|m| matches!(m, Mask::None))
     {
-        // Over a shared batch KV, kernels that read each row's slot of the buffers.
-        if form.decode == DecodeAttention::Probs && slot_attention::available() {
-            if let Some(slots) = kv.slots() {
+        // Over a shared batch KV, kernels that read each row's slot of the buffers (their
+        // self-check runs at the first such step, not on steps that cannot use them).
+        if let Some(slots) = kv.slots() {
+            if form.decode == DecodeAttention::Probs && slot_attention::available() {
                 if let Some(o) = slot_attention::attend(q, slots, scale)? {
                     return Ok(o);
                 }

@@ -7,9 +7,9 @@
 //! shared KV each row's keys and values were two `Slice` views per layer (384 of an eight-row
 //! e4b step's 1964 nodes, H200 session 17). Here the kernels take the buffers
 //! `[slots, kv_heads, capacity, D]` and an int32 array of the rows' slots (the one the step's
-//! `Scatter` already wrote with), and each block points at its row's slot: the address the
-//! row's view starts at, read with the view's strides, over the same number of keys (the row's
-//! probabilities' shape carries it). So a row sums the same numbers in the same order and gets
+//! `Scatter` already wrote with) plus one of their key counts, and each block points at its
+//! row's slot: the address the row's view starts at, read with the view's strides, over the
+//! same number of keys. So a row sums the same numbers in the same order and gets
 //! the bits of the per-row kernels, which are MLX's ([`self_check`] compares with MLX's op).
 //!
 //! Used on decode steps over a shared KV when the model's decode attention is
@@ -98,7 +98,7 @@ fn fit(q: &Array, rows: &SlotRows) -> Option<(i32, i32, &'static Order)> {
 /// [`ROWS_PER_CALL`] rows. `None` when the rows are not the kernels' (the caller attends
 /// through the views).
 pub fn attend(q: &Array, rows: &SlotRows, scale: f32) -> Result<Option<Array>> {
-    let Some((heads, d, _)) = fit(q, rows) else {
+    let Some((heads, d, order)) = fit(q, rows) else {
         return Ok(None);
     };
     let n = rows.len();
@@ -117,7 +117,12 @@ pub fn attend(q: &Array, rows: &SlotRows, scale: f32) -> Result<Option<Array>> {
         };
         let visible = &rows.visible[start..end];
         let ps = attention_probs::probabilities_slots(&qc, &rows.keys, &sc, &kc, visible, scale)?;
-        outs.push(values_product::product_slots(&ps, &rows.values, &sc)?);
+        outs.push(values_product::product_slots(
+            &ps,
+            &rows.values,
+            &sc,
+            order,
+        )?);
     }
     Ok(Some(stack_rows(outs)?.reshape(&[n as i32, heads, 1, d])?))
 }

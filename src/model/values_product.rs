@@ -228,11 +228,13 @@ pub fn product_rows(ps: &[Array], vs: &[&Array]) -> Result<Option<Array>> {
 /// [`product_rows`] for at most [`ROWS_PER_CALL`] rows whose values are slots of one buffer
 /// `values` (`[slots, kv_heads, capacity, D]`, bf16): row `r` multiplies `ps[r]` by the first
 /// `S_r` positions of slot `row_slots[r]` (an int32 `[rows]` array). The caller checks what
-/// [`product_rows`] checks (the table covers each `S_r`, 1 to 8 groups, bf16).
-pub(super) fn product_slots(ps: &[Array], values: &Array, row_slots: &Array) -> Result<Array> {
-    let order = Order::for_dim(values.dim(-1)).ok_or_else(|| {
-        Error::Internal(format!("values product: no order for {:?}", values.shape()))
-    })?;
+/// [`product_rows`] checks (`order` is D's, it covers each `S_r`, 1 to 8 groups, bf16).
+pub(super) fn product_slots(
+    ps: &[Array],
+    values: &Array,
+    row_slots: &Array,
+    order: &Order,
+) -> Result<Array> {
     let Some(first) = ps.first() else {
         return Err(Error::Internal("values product: no rows".into()));
     };
