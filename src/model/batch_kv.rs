@@ -11,6 +11,7 @@
 //! order (full layers store position `p` at `p`; sliding layers follow the serial ring,
 //! see [`super::cache`]'s slot plans), so attention, which reads the views through their
 //! strides, sums what the serial step sums in the same order.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mlx_rs::ops::indexing::TryIndexOp;
@@ -45,8 +46,9 @@ struct LayerBuffers {
 #[derive(Default)]
 pub struct SharedKv {
     layers: Vec<Option<LayerBuffers>>,
-    /// Slots along the buffers' first axis, and whether a row holds each.
-    taken: Vec<bool>,
+    /// Slots along the buffers' first axis, and whether a row holds each (shared with the
+    /// row's [`Slot`], which clears it when dropped even while the buffers are locked).
+    taken: Vec<Arc<AtomicBool>>,
     /// The slot / position index arrays of the current step, per distinct content: the layers
     /// of one type write the same places, so they share one pair of host-made arrays.
     places: Vec<(Vec<i32>, [Array; 3])>,
@@ -56,6 +58,7 @@ pub struct SharedKv {
 pub struct Slot {
     kv: Arc<Mutex<SharedKv>>,
     index: i32,
+    held: Arc<AtomicBool>,
 }
 
 impl Slot {
@@ -72,12 +75,10 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // A slot is dropped with its row on the engine thread, never while that thread holds
-        // the buffers for a step (a slot not freed would only cost its memory).
+        // The flag frees the slot without the lock: a row dropped while its thread holds the
+        // buffers (or after a step panicked with them) still gives its slot back.
+        self.held.store(false, Ordering::Release);
         if let Ok(mut kv) = self.kv.try_lock() {
-            if let Some(t) = kv.taken.get_mut(self.index as usize) {
-                *t = false;
-            }
             if kv.rows() == 0 {
                 // The last row left: the buffers go with it (the next batch may be smaller).
                 *kv = SharedKv::default();
@@ -104,7 +105,10 @@ impl SharedKv {
 
     /// Rows holding a slot.
     pub fn rows(&self) -> usize {
-        self.taken.iter().filter(|&&t| t).count()
+        self.taken
+            .iter()
+            .filter(|t| t.load(Ordering::Acquire))
+            .count()
     }
 
     /// Bytes of the buffers.
@@ -248,7 +252,11 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         ));
     }
     let mut shared = lock(kv)?;
-    let free = shared.taken.iter().position(|t| !t);
+    if shared.rows() == 0 && !shared.taken.is_empty() {
+        // The last row left while the buffers were locked: drop them now (see `Slot::drop`).
+        *shared = SharedKv::default();
+    }
+    let free = shared.taken.iter().position(|t| !t.load(Ordering::Acquire));
     let index = free.unwrap_or(shared.taken.len()) as i32;
     let slots = (shared.taken.len() as i32).max(index + 1);
     let mut buffers = Vec::with_capacity(plans.len());
@@ -286,14 +294,18 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         }
     }
     if shared.taken.len() < slots as usize {
-        shared.taken.resize(slots as usize, false);
+        shared
+            .taken
+            .resize_with(slots as usize, || Arc::new(AtomicBool::new(false)));
     }
-    shared.taken[index as usize] = true;
+    let held = shared.taken[index as usize].clone();
+    held.store(true, Ordering::Release);
     drop(shared);
     cache.enter_slot(
         Slot {
             kv: kv.clone(),
             index,
+            held,
         },
         &plans,
     );
@@ -502,6 +514,39 @@ mod tests {
         for v in [None, Some(""), Some("1"), Some("per_row")] {
             assert_eq!(parse_layout(v), None, "{v:?}");
         }
+    }
+
+    /// A row dropped while the buffers are locked (its thread inside a step, or a poisoned
+    /// lock) still frees its slot: the next row takes it, and the buffers of a batch whose
+    /// last row left that way go at the next join.
+    #[test]
+    fn a_row_dropped_under_the_lock_frees_its_slot() {
+        let kvs = SharedKv::new();
+        let (_, mut a) = twins(5, 1);
+        let (_, mut b) = twins(6, 2);
+        join(&kvs, &mut a).unwrap();
+        join(&kvs, &mut b).unwrap();
+        {
+            let guard = lock(&kvs).unwrap();
+            drop(a);
+            assert_eq!(guard.rows(), 1);
+            drop(b);
+            assert_eq!(guard.rows(), 0);
+            assert!(
+                guard.nbytes() > 0,
+                "buffers kept: the drop could not lock them"
+            );
+        }
+        let (_, mut c) = twins(4, 3);
+        join(&kvs, &mut c).unwrap();
+        assert_eq!(c.slot().map(Slot::index), Some(0));
+        let shared = lock(&kvs).unwrap();
+        assert_eq!(shared.rows(), 1);
+        assert_eq!(
+            shared.taken.len(),
+            1,
+            "the old batch's buffers were dropped"
+        );
     }
 
     #[test]
