@@ -17,6 +17,9 @@
 #   opsbuf  single-stream decode of `memexec generate` (with its host-time profile) and of
 #           mlx-lm's generate_step on the 400-id prompt, at MLX_MAX_OPS_PER_BUFFER = the default
 #           (20 kernels per CUDA graph) and OPSBUF_VALUES (default "60 120 240")
+#   serial  single-stream decode, memexec `generate` then mlx-lm `generate_step`, on the 400-id
+#           prompt, 128 new tokens, SERIAL_ROUNDS (default 3) interleaved rounds (the pairs to
+#           compare: the machine drifts between rounds)
 #   ab      the same bench on EXTRACT at width 8 with RoPE and the greedy pick run once per
 #           row (MEMEXEC_ROW_OPS=per-row, the decoder before 2026-11-30 session 3)
 # Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")
@@ -61,6 +64,13 @@ for step in "$@"; do
       echo "ops/buffer $n mlx-lm $(timeout 120 $PY scripts/gpu/mlxlm_decode_speed.py "$E4B" --prompt-ids "$P400" --tokens 128 --reps 2)" || rc=1
     done
     unset MLX_MAX_OPS_PER_BUFFER ;;
+  serial)
+    $MEMEXEC generate --model "$E4B" --prompt-ids "$P400" --max-tokens 16 --ignore-eos --json >/dev/null || rc=1
+    for i in $(seq 1 "${SERIAL_ROUNDS:-3}"); do
+      $MEMEXEC generate --model "$E4B" --prompt-ids "$P400" --max-tokens 128 --ignore-eos --json |
+        $PY -c "import json,sys,hashlib;d=json.load(sys.stdin);print('round $i memexec', round(d['decode_tokens_per_s'],1), 'tok/s, prefill', round(d['prefill_tokens_per_s']), 'tok/s', {k:round(v,2) for k,v in d['decode_profile_ms_per_step'].items()}, 'ids', hashlib.sha1(str(d['ids']).encode()).hexdigest()[:10])" || rc=1
+      echo "round $i mlx-lm $(timeout 120 $PY scripts/gpu/mlxlm_decode_speed.py "$E4B" --prompt-ids "$P400" --tokens 128 --reps 1)" || rc=1
+    done ;;
   ab)
     MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
       --workloads EXTRACT --widths 8 --reps 2 --no-mlx-lm --json-out "$OUT/memexec-bench-before.json" || rc=1 ;;
