@@ -51,7 +51,7 @@ pub struct SharedKv {
     taken: Vec<Arc<AtomicBool>>,
     /// The slot / position index arrays of the current step, per distinct content: the layers
     /// of one type write the same places, so they share one pair of host-made arrays.
-    places: Vec<(Vec<i32>, [Array; 3])>,
+    places: Vec<(Vec<i32>, [Array; 4])>,
 }
 
 /// A row's hold on a slot of a [`SharedKv`]; dropping it frees the slot.
@@ -152,33 +152,50 @@ impl SharedKv {
         Ok((fit(keys)?, fit(values)?))
     }
 
-    /// Writes one position of each row: `at[r] = (slot, position)`, `keys` / `values`
-    /// `[rows, kv_heads, 1, head_dim]`, after which row `r` attends over `visible[r]`
-    /// positions; returns what the rows attend over.
+    /// Carries out `plan` in layer `layer` (new keys / values `[rows, kv_heads, 1, head_dim]`):
+    /// the slot copies first, then the writes; returns what the rows attend over.
     fn write(
         &mut self,
         layer: usize,
-        at: &[(i32, i32)],
-        visible: Vec<i32>,
+        plan: WritePlan,
         keys: &Array,
         values: &Array,
     ) -> Result<SlotRows> {
-        let rows = at.len() as i32;
-        let positions = at.iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
+        let rows = keys.dim(0);
+        let positions = plan.at.iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
         let slots = self.taken.len() as i32;
         let Some(Some(current)) = self.layers.get(layer) else {
             return Err(missing_layer(layer));
         };
-        let (kb, vb) = if current.keys.dim(2) < positions {
+        let (mut kb, mut vb) = if current.keys.dim(2) < positions {
             let (k, v) = (current.keys.clone(), current.values.clone());
             self.fitted(layer, (&k, &v), slots, positions)?
         } else {
             (current.keys.clone(), current.values.clone())
         };
-        let [slot_idx, pos_idx, seen_idx] = self.places(at, &visible);
+        if !plan.copies.is_empty() {
+            let n = plan.copies.len() as i32;
+            let dst: Vec<i32> = plan.copies.iter().map(|&(d, _)| d).collect();
+            let src: Vec<i32> = plan.copies.iter().map(|&(_, s)| s).collect();
+            let (dst, src) = (Array::from_slice(&dst, &[n]), Array::from_slice(&src, &[n]));
+            let copy = |buf: &Array| -> Result<Array> {
+                let mut shape = buf.shape().to_vec();
+                let slot_copies = buf.take_axis(&src, 0)?;
+                shape[0] = 1;
+                shape.insert(0, n);
+                scatter(buf, &[&dst], &slot_copies.reshape(&shape)?, &[0])
+            };
+            kb = copy(&kb)?;
+            vb = copy(&vb)?;
+        }
+        let [slot_idx, pos_idx, read_idx, seen_idx] = self.places(&plan);
         let as_update = |a: &Array| -> Result<Array> {
+            let a = match &plan.from_rows {
+                Some(from) => a.take_axis(from, 0)?,
+                None => a.clone(),
+            };
             let s = a.shape();
-            Ok(a.reshape(&[rows, 1, s[1], 1, s[3]])?)
+            Ok(a.reshape(&[s[0], 1, s[1], 1, s[3]])?)
         };
         let kb = scatter(&kb, &[&slot_idx, &pos_idx], &as_update(keys)?, &[0, 2])?;
         let vb = scatter(&vb, &[&slot_idx, &pos_idx], &as_update(values)?, &[0, 2])?;
@@ -186,35 +203,57 @@ impl SharedKv {
             keys: kb.clone(),
             values: vb.clone(),
         });
+        debug_assert_eq!(plan.read.len() as i32, rows);
         Ok(SlotRows {
             keys: kb,
             values: vb,
-            slots: slot_idx,
-            slot_ids: at.iter().map(|&(slot, _)| slot).collect(),
-            visible,
+            slots: read_idx,
+            slot_ids: plan.read,
+            visible: plan.visible,
             visible_array: seen_idx,
         })
     }
 
-    /// The index arrays of a step's places: each row's slot, the position it writes and the
-    /// positions it then attends over (`visible`), shared by the layers that write the same
-    /// places in a step (made once on the host for all of them).
-    fn places(&mut self, at: &[(i32, i32)], visible: &[i32]) -> [Array; 3] {
-        let key: Vec<i32> = at
+    /// Copies slot `src` of every layer in `layers` to slot `dst` (lazily, like a write).
+    fn copy_slot(&mut self, layers: &[usize], dst: i32, src: i32) -> Result<()> {
+        let (d, s) = (Array::from_slice(&[dst], &[1]), Array::from_slice(&[src], &[1]));
+        for &layer in layers {
+            let Some(Some(b)) = self.layers.get_mut(layer) else {
+                return Err(missing_layer(layer));
+            };
+            for buf in [&mut b.keys, &mut b.values] {
+                let mut shape = buf.shape().to_vec();
+                shape[0] = 1;
+                shape.insert(0, 1);
+                let slot = buf.take_axis(&s, 0)?.reshape(&shape)?;
+                *buf = scatter(buf, &[&d], &slot, &[0])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The index arrays of a step's writes and reads: the slot and position of each write,
+    /// the slot each row reads and the positions it then attends over, shared by the layers
+    /// that write the same places in a step (made once on the host for all of them).
+    fn places(&mut self, plan: &WritePlan) -> [Array; 4] {
+        let key: Vec<i32> = plan
+            .at
             .iter()
-            .zip(visible)
-            .flat_map(|(&(s, p), &v)| [s, p, v])
+            .flat_map(|&(s, p)| [s, p])
+            .chain([-1])
+            .chain(plan.read.iter().zip(&plan.visible).flat_map(|(&s, &v)| [s, v]))
             .collect();
         if let Some((_, arrays)) = self.places.iter().find(|(k, _)| *k == key) {
             return arrays.clone();
         }
-        let n = at.len() as i32;
-        let slots: Vec<i32> = at.iter().map(|&(s, _)| s).collect();
-        let positions: Vec<i32> = at.iter().map(|&(_, p)| p).collect();
+        let (n, rows) = (plan.at.len() as i32, plan.read.len() as i32);
+        let slots: Vec<i32> = plan.at.iter().map(|&(s, _)| s).collect();
+        let positions: Vec<i32> = plan.at.iter().map(|&(_, p)| p).collect();
         let arrays = [
             Array::from_slice(&slots, &[n]),
             Array::from_slice(&positions, &[n]),
-            Array::from_slice(visible, &[n]),
+            Array::from_slice(&plan.read, &[rows]),
+            Array::from_slice(&plan.visible, &[rows]),
         ];
         // A step writes at most two kinds of places (full and sliding layers); older ones
         // belong to earlier steps.
@@ -224,6 +263,20 @@ impl SharedKv {
         self.places.push((key, arrays.clone()));
         arrays
     }
+}
+
+/// What one layer's step does to the shared buffers.
+struct WritePlan {
+    /// `(slot, position)` of each write.
+    at: Vec<(i32, i32)>,
+    /// The row whose new keys each write takes (`None`: write `i` takes row `i`).
+    from_rows: Option<Array>,
+    /// `(destination, source)` slots copied before the writes.
+    copies: Vec<(i32, i32)>,
+    /// The slot each row reads.
+    read: Vec<i32>,
+    /// The positions each row attends over.
+    visible: Vec<i32>,
 }
 
 /// The buffers, for this thread's step (the lock is never contended: every row of a batch
@@ -256,8 +309,7 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         // The last row left while the buffers were locked: drop them now (see `Slot::drop`).
         *shared = SharedKv::default();
     }
-    let free = shared.taken.iter().position(|t| !t.load(Ordering::Acquire));
-    let index = free.unwrap_or(shared.taken.len()) as i32;
+    let index = shared.free_slot();
     let slots = (shared.taken.len() as i32).max(index + 1);
     let mut buffers = Vec::with_capacity(plans.len());
     for (layer, plan) in plans.iter().enumerate() {
@@ -282,24 +334,10 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
     if shared.layers.len() < buffers.len() {
         shared.layers.resize_with(buffers.len(), || None);
     }
-    // Slots added for this row in one layer are added in every layer (all share `slots`).
     for (layer, b) in buffers.into_iter().enumerate() {
         shared.layers[layer] = b;
     }
-    for layer in shared.layers.iter_mut().flatten() {
-        for buf in [&mut layer.keys, &mut layer.values] {
-            if buf.dim(0) < slots {
-                *buf = grow(buf, 0, slots - buf.dim(0))?;
-            }
-        }
-    }
-    if shared.taken.len() < slots as usize {
-        shared
-            .taken
-            .resize_with(slots as usize, || Arc::new(AtomicBool::new(false)));
-    }
-    let held = shared.taken[index as usize].clone();
-    held.store(true, Ordering::Release);
+    let held = shared.hold(index, slots)?;
     drop(shared);
     cache.enter_slot(
         Slot {
@@ -310,6 +348,52 @@ pub fn join(kv: &Arc<Mutex<SharedKv>>, cache: &mut RowCache) -> Result<()> {
         &plans,
     );
     Ok(())
+}
+
+/// A free slot of `kv` for a draft row (see [`RowCache::draft_row`]): no keys are copied;
+/// the verification step fills what the row reads.
+pub fn reserve(kv: &Arc<Mutex<SharedKv>>) -> Result<Slot> {
+    let mut shared = lock(kv)?;
+    if shared.rows() == 0 {
+        return Err(Error::InvalidArgument(
+            "a draft slot belongs to a shared KV that holds its sequence".into(),
+        ));
+    }
+    let index = shared.free_slot();
+    let slots = (shared.taken.len() as i32).max(index + 1);
+    let held = shared.hold(index, slots)?;
+    Ok(Slot {
+        kv: kv.clone(),
+        index,
+        held,
+    })
+}
+
+impl SharedKv {
+    /// The first slot no row holds (one past the last when all are held).
+    fn free_slot(&self) -> i32 {
+        let free = self.taken.iter().position(|t| !t.load(Ordering::Acquire));
+        free.unwrap_or(self.taken.len()) as i32
+    }
+
+    /// Marks slot `index` held, after growing every layer's buffers to `slots` slots.
+    fn hold(&mut self, index: i32, slots: i32) -> Result<Arc<AtomicBool>> {
+        // Slots added for a row in one layer are added in every layer (all share `slots`).
+        for layer in self.layers.iter_mut().flatten() {
+            for buf in [&mut layer.keys, &mut layer.values] {
+                if buf.dim(0) < slots {
+                    *buf = grow(buf, 0, slots - buf.dim(0))?;
+                }
+            }
+        }
+        if self.taken.len() < slots as usize {
+            self.taken
+                .resize_with(slots as usize, || Arc::new(AtomicBool::new(false)));
+        }
+        let held = self.taken[index as usize].clone();
+        held.store(true, Ordering::Release);
+        Ok(held)
+    }
 }
 
 /// Evaluates the buffers (so the graph that built them, e.g. rows' joins, can be freed).
@@ -376,6 +460,12 @@ impl SlotRows {
 /// Writes one new position of each row (`keys` / `values` `[rows, kv_heads, 1, head_dim]`,
 /// row `r` of `caches[r]`, which all hold slots of one [`SharedKv`]) into layer `layer` and
 /// returns what each row attends over.
+///
+/// Draft rows ([`RowCache::draft_row`]) follow their sequence's row in the batch, in order,
+/// and see what the serial cache would hold at their position: in a full layer they write to
+/// and read the sequence's slot (position `p + i` at `p + i`); in a sliding layer, whose ring
+/// serial overwrites in place, each reads its own scratch slot, made a copy of the sequence's
+/// ring and then given the new keys of its group's rows up to itself.
 pub fn update_rows(
     caches: &mut [&mut RowCache],
     layer: usize,
@@ -393,8 +483,8 @@ pub fn update_rows(
             caches.len()
         )));
     }
-    let mut at = Vec::with_capacity(caches.len());
-    let mut visible = Vec::with_capacity(caches.len());
+    // (own slot, the slot of its sequence, write position, visible, sliding layer)
+    let mut rows = Vec::with_capacity(caches.len());
     for cache in caches.iter_mut() {
         let slot = match cache.slot() {
             Some(s) if Arc::ptr_eq(s.shared(), &kv) => s.index(),
@@ -404,13 +494,112 @@ pub fn update_rows(
                 ))
             }
         };
+        let base = cache.draft_of().unwrap_or(slot);
         let lc = cache.layer_mut(layer).ok_or_else(|| missing_layer(layer))?;
+        let sliding = lc.slot_window() > 0;
         let (pos, seen) = lc.advance_slot();
-        at.push((slot, pos));
-        visible.push(seen);
+        rows.push((slot, base, pos, seen, sliding));
     }
-    let rows = lock(&kv)?.write(layer, &at, visible, keys, values)?;
+    let plan = plan_writes(&rows)?;
+    let rows = lock(&kv)?.write(layer, plan, keys, values)?;
     Ok(rows)
+}
+
+/// The writes, copies and reads of one layer's step (see [`update_rows`]).
+fn plan_writes(rows: &[(i32, i32, i32, i32, bool)]) -> Result<WritePlan> {
+    let visible = rows.iter().map(|r| r.3).collect();
+    if rows.iter().all(|&(slot, base, ..)| slot == base) {
+        return Ok(WritePlan {
+            at: rows.iter().map(|&(slot, _, pos, ..)| (slot, pos)).collect(),
+            from_rows: None,
+            copies: Vec::new(),
+            read: rows.iter().map(|r| r.0).collect(),
+            visible,
+        });
+    }
+    let mut at = Vec::new();
+    let mut from = Vec::new();
+    let mut copies = Vec::new();
+    let mut read = Vec::with_capacity(rows.len());
+    for (r, &(slot, base, pos, _, sliding)) in rows.iter().enumerate() {
+        if slot == base {
+            at.push((slot, pos));
+            from.push(r as i32);
+            read.push(slot);
+            continue;
+        }
+        // The rows before this one in its group: the sequence's row, then earlier drafts.
+        let lead = rows[..r]
+            .iter()
+            .rposition(|&(s, b, ..)| s == base && b == base)
+            .ok_or_else(|| {
+                Error::Internal("a draft row comes before its sequence's row".into())
+            })?;
+        if rows[lead + 1..r].iter().any(|&(_, b, ..)| b != base) {
+            return Err(Error::Internal(
+                "a draft row is not next to its sequence's rows".into(),
+            ));
+        }
+        if !sliding {
+            at.push((base, pos));
+            from.push(r as i32);
+            read.push(base);
+            continue;
+        }
+        copies.push((slot, base));
+        for (m, earlier) in rows.iter().enumerate().take(r).skip(lead) {
+            at.push((slot, earlier.2));
+            from.push(m as i32);
+        }
+        at.push((slot, pos));
+        from.push(r as i32);
+        read.push(slot);
+    }
+    let n = from.len() as i32;
+    Ok(WritePlan {
+        at,
+        from_rows: Some(Array::from_slice(&from, &[n])),
+        copies,
+        read,
+        visible,
+    })
+}
+
+/// Ends a verification step of `seq` (the sequence's row) and its draft rows `drafts` (in
+/// order), of which the first `accepted` matched the sequence's greedy tokens: the sequence
+/// moves past them, its sliding layers take the ring of the last accepted draft row (full
+/// layers already hold those positions; positions past them are written again later).
+pub fn accept(seq: &mut RowCache, drafts: &[&RowCache], accepted: usize) -> Result<()> {
+    if accepted == 0 {
+        return Ok(());
+    }
+    let (Some(slot), Some(last)) = (seq.slot(), drafts.get(accepted - 1)) else {
+        return Err(Error::InvalidArgument(format!(
+            "accepting {accepted} of {} draft rows of an unslotted sequence or beyond them",
+            drafts.len()
+        )));
+    };
+    let (base, kv) = (slot.index(), slot.shared().clone());
+    let Some(src) = last.slot().map(Slot::index) else {
+        return Err(Error::Internal("a draft row lost its slot".into()));
+    };
+    if last.draft_of() != Some(base) {
+        return Err(Error::InvalidArgument(
+            "the draft rows belong to another sequence".into(),
+        ));
+    }
+    let mut sliding = Vec::new();
+    for layer in 0..seq.len() {
+        let lc = seq.layer_mut(layer).ok_or_else(|| missing_layer(layer))?;
+        for _ in 0..accepted {
+            lc.advance_slot();
+        }
+        if lc.slot_window() > 0 {
+            sliding.push(layer);
+        }
+    }
+    let copied = lock(&kv)?.copy_slot(&sliding, base, src);
+    copied
 }
 
 #[cfg(test)]
@@ -514,6 +703,93 @@ mod tests {
         for v in [None, Some(""), Some("1"), Some("per_row")] {
             assert_eq!(parse_layout(v), None, "{v:?}");
         }
+    }
+
+    /// Row `r` of a `[rows, heads, 1, dim]` array.
+    fn row_of(a: &Array, r: i32) -> Array {
+        a.try_index((r..r + 1, .., .., ..)).unwrap()
+    }
+
+    /// A sequence verifying three drafts per step next to an ordinary row: each draft row sees
+    /// what the serial cache holds after the positions up to its own (full layers past their
+    /// 256-position growth, the ring growing, wrapping and overwriting in place), whatever
+    /// number of drafts each step accepts; afterwards the sequence equals a serial cache fed
+    /// the accepted positions, and the scratch slots are free again.
+    #[test]
+    fn draft_rows_see_the_serial_cache_at_their_positions() {
+        const DRAFTS: usize = 3;
+        let kvs = SharedKv::new();
+        let (mut other_serial, mut other) = twins(5, 9);
+        let (mut serial, mut seq) = twins(6, 1);
+        join(&kvs, &mut other).unwrap();
+        join(&kvs, &mut seq).unwrap();
+        let rows = 2 + DRAFTS as i32;
+        let step_kv = |step: i32| (kv(rows, 1, 1000 + step), kv(rows, 1, -1000 - step));
+        for step in 0..130 {
+            let mut drafts: Vec<RowCache> = (0..DRAFTS)
+                .map(|i| seq.draft_row(i + 1, reserve(&kvs).unwrap()).unwrap())
+                .collect();
+            let (k, v) = step_kv(step);
+            for layer in 0..2 {
+                let mut refs: Vec<&mut RowCache> = [&mut other, &mut seq]
+                    .into_iter()
+                    .chain(drafts.iter_mut())
+                    .collect();
+                let mut got = RowKv::update(&mut refs, layer, &k, &v).unwrap();
+                assert!(got.slots().is_some());
+                let want = other_serial
+                    .layer_mut(layer)
+                    .unwrap()
+                    .update_and_fetch(&row_of(&k, 0), &row_of(&v, 0))
+                    .unwrap();
+                let g = got.row(0).unwrap();
+                assert!(same(&want.0, &g.0) && same(&want.1, &g.1), "other row");
+                let mut ahead = serial.layer(layer).unwrap().clone();
+                for i in 0..=DRAFTS as i32 {
+                    let want = ahead
+                        .update_and_fetch(&row_of(&k, 1 + i), &row_of(&v, 1 + i))
+                        .unwrap();
+                    let g = got.row(1 + i as usize).unwrap();
+                    assert!(
+                        same(&want.0, &g.0) && same(&want.1, &g.1),
+                        "step {step}, layer {layer}, draft {i}: {:?} vs {:?}",
+                        want.0.shape(),
+                        g.0.shape()
+                    );
+                }
+            }
+            let accepted = (step as usize * 7 + 3) % (DRAFTS + 1);
+            let refs: Vec<&RowCache> = drafts.iter().collect();
+            accept(&mut seq, &refs, accepted).unwrap();
+            for layer in 0..2 {
+                let lc = serial.layer_mut(layer).unwrap();
+                for i in 0..=accepted as i32 {
+                    lc.update_and_fetch(&row_of(&k, 1 + i), &row_of(&v, 1 + i))
+                        .unwrap();
+                }
+            }
+            assert_eq!(seq.offset(), serial.offset(), "step {step}");
+            drop(drafts);
+            eval(&kvs).unwrap();
+            mlx_rs::transforms::eval(serial.arrays().into_iter().chain(other_serial.arrays()))
+                .unwrap();
+            assert_eq!(lock(&kvs).unwrap().rows(), 2, "scratch slots freed");
+        }
+        assert!(serial.offset() > 256, "the full layer grew: {}", serial.offset());
+    }
+
+    #[test]
+    fn draft_rows_need_their_sequence_first() {
+        let kvs = SharedKv::new();
+        let (_, mut seq) = twins(4, 1);
+        join(&kvs, &mut seq).unwrap();
+        let mut draft = seq.draft_row(1, reserve(&kvs).unwrap()).unwrap();
+        let (k, v) = (kv(2, 1, 5), kv(2, 1, -5));
+        let mut refs: Vec<&mut RowCache> = vec![&mut draft, &mut seq];
+        assert!(RowKv::update(&mut refs, 1, &k, &v).is_err());
+        assert!(draft.draft_row(1, reserve(&kvs).unwrap()).is_err());
+        let fresh = cache();
+        assert!(fresh.draft_row(1, reserve(&kvs).unwrap()).is_err());
     }
 
     /// A row dropped while the buffers are locked (its thread inside a step, or a poisoned

@@ -59,7 +59,7 @@ fn write_seq(buf: &Array, new: &Array, start: i32) -> Result<Array> {
 }
 
 /// A growing cache for full-attention layers (mlx-lm `KVCache`).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -161,6 +161,7 @@ pub struct SlotPlan {
 /// Single-token updates write in place into a ring of `max_size`; multi-token updates put the
 /// buffer back in temporal order and append, holding up to `max_size - 1 + L` entries so each
 /// new query still sees a full window (the window mask enforces the rest).
+#[derive(Clone)]
 pub struct RotatingKvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -352,6 +353,7 @@ impl RotatingKvCache {
 }
 
 /// The cache of one layer.
+#[derive(Clone)]
 pub enum LayerCache {
     /// Full attention.
     Full(KvCache),
@@ -450,17 +452,56 @@ pub fn missing_layer(layer: usize) -> Error {
 pub struct RowCache {
     layers: Vec<LayerCache>,
     slot: Option<Slot>,
+    /// For a draft row of a verification step: the slot of the sequence it drafts for.
+    draft_of: Option<i32>,
 }
 
 impl RowCache {
     /// A cache made of the given per-layer caches (one per layer that owns keys / values).
     pub fn new(layers: Vec<LayerCache>) -> RowCache {
-        RowCache { layers, slot: None }
+        RowCache {
+            layers,
+            slot: None,
+            draft_of: None,
+        }
     }
 
     /// The shared batch slot holding this row's keys, if it joined one.
     pub fn slot(&self) -> Option<&Slot> {
         self.slot.as_ref()
+    }
+
+    /// A draft row of a verification step over this slotted sequence: the cache of the
+    /// sequence's position `ahead` positions past its next one, its sliding layers in
+    /// `scratch` (see [`super::batch_kv::update_rows`]), its full layers in the sequence's slot.
+    /// It holds no keys of its own; dropping it frees `scratch`.
+    pub fn draft_row(&self, ahead: usize, scratch: Slot) -> Result<RowCache> {
+        let Some(base) = self.slot.as_ref().map(Slot::index) else {
+            return Err(Error::InvalidArgument(
+                "draft rows need a sequence in a shared KV slot".into(),
+            ));
+        };
+        if self.draft_of.is_some() {
+            return Err(Error::InvalidArgument(
+                "a draft row cannot draft for another".into(),
+            ));
+        }
+        let mut layers = self.layers.clone();
+        for layer in &mut layers {
+            for _ in 0..ahead {
+                layer.advance_slot();
+            }
+        }
+        Ok(RowCache {
+            layers,
+            slot: Some(scratch),
+            draft_of: Some(base),
+        })
+    }
+
+    /// The slot of the sequence this row drafts for (`None`: not a draft row).
+    pub fn draft_of(&self) -> Option<i32> {
+        self.draft_of
     }
 
     /// Every layer's slot plan, in layer order.
