@@ -90,7 +90,7 @@ impl std::ops::AddAssign for DecodeProfile {
     }
 }
 
-fn ids_array(ids: &[u32], shape: &[i32]) -> Result<Array> {
+pub(crate) fn ids_array(ids: &[u32], shape: &[i32]) -> Result<Array> {
     let v: Vec<i32> = ids
         .iter()
         .map(|&t| {

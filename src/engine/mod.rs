@@ -10,6 +10,7 @@ pub mod batched;
 mod model_backend;
 pub mod request;
 pub mod scheduler;
+pub mod speculative;
 pub mod stats;
 mod ticket;
 

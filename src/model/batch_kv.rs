@@ -216,7 +216,10 @@ impl SharedKv {
 
     /// Copies slot `src` of every layer in `layers` to slot `dst` (lazily, like a write).
     fn copy_slot(&mut self, layers: &[usize], dst: i32, src: i32) -> Result<()> {
-        let (d, s) = (Array::from_slice(&[dst], &[1]), Array::from_slice(&[src], &[1]));
+        let (d, s) = (
+            Array::from_slice(&[dst], &[1]),
+            Array::from_slice(&[src], &[1]),
+        );
         for &layer in layers {
             let Some(Some(b)) = self.layers.get_mut(layer) else {
                 return Err(missing_layer(layer));
@@ -241,7 +244,12 @@ impl SharedKv {
             .iter()
             .flat_map(|&(s, p)| [s, p])
             .chain([-1])
-            .chain(plan.read.iter().zip(&plan.visible).flat_map(|(&s, &v)| [s, v]))
+            .chain(
+                plan.read
+                    .iter()
+                    .zip(&plan.visible)
+                    .flat_map(|(&s, &v)| [s, v]),
+            )
             .collect();
         if let Some((_, arrays)) = self.places.iter().find(|(k, _)| *k == key) {
             return arrays.clone();
@@ -532,9 +540,7 @@ fn plan_writes(rows: &[(i32, i32, i32, i32, bool)]) -> Result<WritePlan> {
         let lead = rows[..r]
             .iter()
             .rposition(|&(s, b, ..)| s == base && b == base)
-            .ok_or_else(|| {
-                Error::Internal("a draft row comes before its sequence's row".into())
-            })?;
+            .ok_or_else(|| Error::Internal("a draft row comes before its sequence's row".into()))?;
         if rows[lead + 1..r].iter().any(|&(_, b, ..)| b != base) {
             return Err(Error::Internal(
                 "a draft row is not next to its sequence's rows".into(),
@@ -775,7 +781,11 @@ mod tests {
                 .unwrap();
             assert_eq!(lock(&kvs).unwrap().rows(), 2, "scratch slots freed");
         }
-        assert!(serial.offset() > 256, "the full layer grew: {}", serial.offset());
+        assert!(
+            serial.offset() > 256,
+            "the full layer grew: {}",
+            serial.offset()
+        );
     }
 
     #[test]

@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
 
-use memexec::generate::{greedy, GenerateOptions, StopReason};
+use memexec::engine::speculative::{
+    greedy_speculative, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS,
+};
+use memexec::generate::{greedy, GenerateOptions, Generation, StopReason};
 use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
 use memexec::model::Model;
 use memexec::Error;
@@ -50,6 +53,23 @@ pub struct Args {
     /// scripts/gpu/logprobs_compare.py finds the first step where two implementations differ.
     #[arg(long, value_name = "FILE")]
     logprobs_out: Option<PathBuf>,
+    /// Verify up to N drafted tokens per decode step (speculative decoding with exact
+    /// verification: the same ids as without it); drafts come from the prompt and output by
+    /// n-gram lookup, or from --drafts-from. 0 = off.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    speculate: usize,
+    /// The longest n-gram the lookup matches (with --speculate).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    ngram: usize,
+    /// Draft from this continuation of the prompt instead of by lookup (comma-separated ids,
+    /// e.g. an earlier run's output: every draft right, the ceiling of --speculate's speed).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "IDS",
+        requires = "speculate"
+    )]
+    drafts_from: Vec<u32>,
 }
 
 /// The `--logprobs-out` document: per step the id, the top 8 `[id, logprob]` and the f64 sum
@@ -123,7 +143,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
         let ctx = memexec::model::ForwardCtx::with_adapters(opts.adapters.clone());
         write_logprobs(path, &model, &prompt, args.max_tokens, &ctx)?;
     }
-    let g = greedy(&model, &prompt, opts)?;
+    let (g, speculation) = generation(&model, &prompt, opts, &args)?;
     let text = match &tokenizer {
         Some(tok) => Some(
             tok.decode(&g.ids, false)
@@ -159,6 +179,14 @@ pub fn run(args: Args) -> memexec::Result<()> {
                 "queue": queue_ms,
                 "wait": wait_ms,
             },
+            "speculation": speculation.map(|s| serde_json::json!({
+                "max_drafts": args.speculate,
+                "drafts": if args.drafts_from.is_empty() { "lookup" } else { "given" },
+                "steps": s.steps,
+                "steps_with_drafts": s.steps_with_drafts,
+                "drafted": s.drafted,
+                "accepted": s.accepted,
+            })),
         });
         println!("{v}");
     } else {
@@ -180,6 +208,41 @@ pub fn run(args: Args) -> memexec::Result<()> {
              wait {wait_ms:.2} ms ({} steps)",
             p.steps
         );
+        if let Some(s) = speculation {
+            println!(
+                "speculation: {} of {} drafts accepted over {} steps ({} with drafts)",
+                s.accepted, s.drafted, s.steps, s.steps_with_drafts
+            );
+        }
     }
     Ok(())
+}
+
+/// Serial greedy, or with `--speculate` the speculative decoder (same ids) and its counts.
+fn generation(
+    model: &Model,
+    prompt: &[u32],
+    opts: GenerateOptions,
+    args: &Args,
+) -> memexec::Result<(Generation, Option<SpeculationStats>)> {
+    if args.speculate == 0 {
+        return Ok((greedy(model, prompt, opts)?, None));
+    }
+    if args.speculate > MAX_DRAFTS {
+        return Err(Error::InvalidArgument(format!(
+            "--speculate {}: at most {MAX_DRAFTS} drafts per step on this platform",
+            args.speculate
+        )));
+    }
+    let drafts = if args.drafts_from.is_empty() {
+        Drafts::Lookup { ngram: args.ngram }
+    } else {
+        Drafts::Continuation(args.drafts_from.clone())
+    };
+    let spec = SpeculateOptions {
+        drafts,
+        max_drafts: args.speculate,
+    };
+    let (g, stats) = greedy_speculative(model, prompt, opts, &spec)?;
+    Ok((g, Some(stats)))
 }

@@ -1,0 +1,71 @@
+"""Speed and exactness of `memexec generate --speculate` next to plain `memexec generate`.
+
+Runs THERE through scripts/gpu/remote.sh (or here on a fixture). Per round: plain greedy on the
+prompt (the reference ids and the serial tok/s), then --speculate with prompt-lookup drafts,
+then --speculate K --drafts-from <the reference ids> for each K (every draft right: the
+ceiling of the mechanism's speed). Every run's ids must equal the reference's; exit 1 if not.
+A warm-up pass of every configuration (16 tokens) first compiles each step shape's kernels.
+
+usage: speculate.py MEMEXEC MODEL_DIR [--len 400] [--tokens 128] [--ks 1,2,4,6] [--rounds 2]
+       [--out FILE]
+"""
+import argparse
+import hashlib
+import json
+import random
+import subprocess
+import sys
+
+
+def run(memexec, model, prompt, tokens, extra):
+    cmd = [memexec, "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
+           "--max-tokens", str(tokens), "--ignore-eos", "--json"] + extra
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("memexec")
+    ap.add_argument("model")
+    ap.add_argument("--len", type=int, default=400)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--ks", default="1,2,4,6")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=200000)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    r = random.Random(0)
+    prompt = [r.randrange(3, a.vocab) for _ in range(a.len)]
+    ks = [int(k) for k in a.ks.split(",") if k]
+    ref = run(a.memexec, a.model, prompt, a.tokens, [])
+    ids = ref["ids"]
+    given = ["--drafts-from", ",".join(map(str, ids))]
+    configs = [("serial", [])] + [("lookup4", ["--speculate", "4"])] + [
+        (f"given{k}", ["--speculate", str(k)] + given) for k in ks]
+    for _, extra in configs:
+        run(a.memexec, a.model, prompt, 16, extra)
+    rows, ok = [], True
+    for rnd in range(1, a.rounds + 1):
+        for name, extra in configs:
+            d = run(a.memexec, a.model, prompt, a.tokens, extra)
+            same = d["ids"] == ids
+            ok &= same
+            p = d["decode_profile_ms_per_step"]
+            s = d.get("speculation") or {}
+            row = {"round": rnd, "config": name, "tok_s": round(d["decode_tokens_per_s"], 1),
+                   "steps": p["steps"], "build_ms": round(p["build"], 2),
+                   "queue_ms": round(p["queue"], 2), "wait_ms": round(p["wait"], 2),
+                   "drafted": s.get("drafted"), "accepted": s.get("accepted"), "same_ids": same,
+                   "ids_hash": hashlib.sha1(str(d["ids"]).encode()).hexdigest()[:10]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"prompt_len": a.len, "tokens": a.tokens, "runs": rows}, f, indent=1)
+    print("all ids equal to plain greedy" if ok else "IDS DIFFER", flush=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+//! Greedy decoding that verifies drafted tokens: speculative decoding whose output is, token
+//! for token, the serial greedy output ([`crate::generate::greedy`]).
+//!
+//! Why: a decode step on a GPU is bound by the host's work per graph node, not by the device
+//! (H200, session 19: ~9.4 ms of host time per one-row e4b step, the device idle most of it),
+//! and a step over a few rows costs little more than a step over one (4 rows: 1.7x). A
+//! verification step feeds the sequence's last token AND guesses of the next ones as the rows
+//! of one batched step; every row is computed exactly as a serial step at its position
+//! ([`crate::model::batch_kv::update_rows`] gives a draft row the keys the serial cache would
+//! hold there, and the batched forward computes each row alone), so the picks of the rows whose
+//! inputs were the right guesses ARE the serial tokens, and one step yields up to `1 + drafts`
+//! of them.
+//!
+//! Drafts come from the text itself ([`Drafts::Lookup`], "prompt lookup": the pipeline's
+//! extraction and segmenting stages copy spans of their input) or from a given continuation
+//! ([`Drafts::Continuation`]: tests and benchmarks with drafts of a known quality).
+use std::time::{Duration, Instant};
+
+use mlx_rs::transforms::async_eval;
+
+use super::batched::{Decoder, ROWS_PER_PRODUCT};
+use crate::error::{Error, Result};
+use crate::generate::{
+    ids_array, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, Generation,
+    StopReason,
+};
+use crate::lora::Activation;
+use crate::model::batch_kv::{accept, join, reserve, SharedKv};
+use crate::model::{ForwardCtx, Model, RowCache};
+
+/// The most drafts per step: one verification step is then one forward of at most
+/// [`ROWS_PER_PRODUCT`] rows (on the CPU, where products take any number of rows, 7).
+pub const MAX_DRAFTS: usize = if ROWS_PER_PRODUCT > 7 {
+    6
+} else {
+    ROWS_PER_PRODUCT - 1
+};
+
+/// Where a step's drafts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drafts {
+    /// The tokens that followed the latest earlier occurrence of the text's last `ngram`
+    /// tokens (prompt and generated so far), trying shorter n-grams down to 2 (or `ngram` if
+    /// smaller) when the longest does not occur; no draft when none does.
+    Lookup {
+        /// The longest n-gram matched.
+        ngram: usize,
+    },
+    /// The next tokens of this continuation of the prompt (position `i` drafts output token
+    /// `i`), whether or not the output followed it so far.
+    Continuation(Vec<u32>),
+}
+
+/// Options of [`greedy_speculative`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpeculateOptions {
+    /// Where drafts come from.
+    pub drafts: Drafts,
+    /// The most drafts per step (capped at [`MAX_DRAFTS`]).
+    pub max_drafts: usize,
+}
+
+impl Default for SpeculateOptions {
+    fn default() -> Self {
+        SpeculateOptions {
+            drafts: Drafts::Lookup { ngram: 3 },
+            max_drafts: 4.min(MAX_DRAFTS),
+        }
+    }
+}
+
+/// What the drafts of a [`greedy_speculative`] run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpeculationStats {
+    /// Decode steps (each verifies zero or more drafts).
+    pub steps: usize,
+    /// Steps that had at least one draft.
+    pub steps_with_drafts: usize,
+    /// Draft tokens fed.
+    pub drafted: usize,
+    /// Draft tokens that were the serial token (each saved a step).
+    pub accepted: usize,
+}
+
+/// The tokens that followed the latest earlier occurrence of `text`'s last `n`-gram (longest
+/// `n` first, from `ngram` down to 2, or `ngram` if smaller), at most `max`.
+pub fn lookup_draft(text: &[u32], ngram: usize, max: usize) -> Vec<u32> {
+    if max == 0 {
+        return Vec::new();
+    }
+    let shortest = ngram.clamp(1, 2);
+    for n in (shortest..=ngram).rev() {
+        if text.len() <= n {
+            continue;
+        }
+        let tail = &text[text.len() - n..];
+        // The latest match first: recent text predicts the next tokens best.
+        if let Some(start) = (0..text.len() - n).rev().find(|&s| &text[s..s + n] == tail) {
+            let from = start + n;
+            return text[from..(from + max).min(text.len())].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// `activation` (one row's adapters) for `rows` rows of one sequence.
+fn widen(activation: &Option<Activation>, rows: usize) -> Result<Option<Activation>> {
+    match activation {
+        None => Ok(None),
+        Some(a) => {
+            let stack = a
+                .rows()
+                .first()
+                .cloned()
+                .ok_or_else(|| Error::InvalidArgument("adapters given for no row".into()))?;
+            Activation::uniform(a.registry().clone(), stack, rows)
+        }
+    }
+}
+
+/// Greedy generation for one prompt that verifies drafts (see the module doc): the same ids
+/// and stop as [`crate::generate::greedy`] with the same options, in fewer decode steps when
+/// drafts match.
+///
+/// Steps are not pipelined (the next step's drafts depend on this step's tokens), so with no
+/// draft accepted a step costs its device time on top of the host's; `memexec generate
+/// --speculate` reports both the speed and [`SpeculationStats`].
+pub fn greedy_speculative(
+    model: &Model,
+    prompt: &[u32],
+    opts: GenerateOptions,
+    spec: &SpeculateOptions,
+) -> Result<(Generation, SpeculationStats)> {
+    let stop_ids = opts
+        .stop_ids
+        .clone()
+        .unwrap_or_else(|| model.info().eos_token_ids.clone());
+    let max_drafts = spec.max_drafts.min(MAX_DRAFTS);
+    let base = Decoder::new(model, &stop_ids).base_ctx();
+    let mut stats = SpeculationStats::default();
+    let mut profile = DecodeProfile::default();
+    let mut ids: Vec<u32> = Vec::new();
+    if opts.max_tokens == 0 {
+        return Ok((
+            Generation {
+                ids,
+                stop: StopReason::MaxTokens,
+                prefill_time: Duration::ZERO,
+                decode_time: Duration::ZERO,
+                decode_profile: profile,
+            },
+            stats,
+        ));
+    }
+    let started = Instant::now();
+    let one_row = ForwardCtx {
+        adapters: opts.adapters.clone(),
+        ..base.clone()
+    };
+    let mut seq = model.new_cache();
+    let mut token = prefill(model, prompt, &mut seq, opts.prefill_step, &one_row)?;
+    let prefill_time = started.elapsed();
+    let decode_start = Instant::now();
+    let kv = SharedKv::new();
+    let mut text: Vec<u32> = prompt.to_vec();
+    let stop = 'decode: loop {
+        if stop_ids.contains(&token) {
+            break StopReason::Eos(token);
+        }
+        ids.push(token);
+        text.push(token);
+        if ids.len() >= opts.max_tokens {
+            break StopReason::MaxTokens;
+        }
+        if seq.slot().is_none() {
+            join(&kv, &mut seq)?;
+        }
+        // A step yields at most 1 + drafts tokens: drafts past the budget are never used.
+        let budget = (opts.max_tokens - ids.len() - 1).min(max_drafts);
+        let drafted = match &spec.drafts {
+            Drafts::Lookup { ngram } => lookup_draft(&text, *ngram, budget),
+            Drafts::Continuation(c) => c.iter().skip(ids.len()).take(budget).copied().collect(),
+        };
+        let t0 = Instant::now();
+        let (picks, mut drafts) = verify(
+            model, &mut seq, &kv, token, &drafted, &one_row, &base, &opts,
+        )?;
+        let t1 = Instant::now();
+        async_eval([&picks])?;
+        let t2 = Instant::now();
+        let picks = read_tokens(&picks)?;
+        profile.steps += 1;
+        profile.build += t1 - t0;
+        profile.queue += t2 - t1;
+        profile.wait += t2.elapsed();
+        let accepted = drafted
+            .iter()
+            .zip(&picks)
+            .take_while(|(d, p)| d == p)
+            .count();
+        let refs: Vec<&RowCache> = drafts.iter().collect();
+        accept(&mut seq, &refs, accepted)?;
+        drafts.clear();
+        stats.steps += 1;
+        stats.steps_with_drafts += usize::from(!drafted.is_empty());
+        stats.drafted += drafted.len();
+        stats.accepted += accepted;
+        for &t in &picks[..accepted] {
+            if stop_ids.contains(&t) {
+                break 'decode StopReason::Eos(t);
+            }
+            ids.push(t);
+            text.push(t);
+        }
+        token = *picks
+            .get(accepted)
+            .ok_or_else(|| Error::Internal("a verification step lost a row".into()))?;
+    };
+    Ok((
+        Generation {
+            ids,
+            stop,
+            prefill_time,
+            decode_time: decode_start.elapsed(),
+            decode_profile: profile,
+        },
+        stats,
+    ))
+}
+
+/// Builds one verification step: the sequence's row fed `token`, then one draft row per
+/// draft. Returns the lazy picks (one per row) and the draft rows (to accept from, then drop:
+/// dropping frees their scratch slots).
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    model: &Model,
+    seq: &mut RowCache,
+    kv: &std::sync::Arc<std::sync::Mutex<SharedKv>>,
+    token: u32,
+    drafted: &[u32],
+    one_row: &ForwardCtx,
+    base: &ForwardCtx,
+    opts: &GenerateOptions,
+) -> Result<(mlx_rs::Array, Vec<RowCache>)> {
+    let mut drafts = Vec::with_capacity(drafted.len());
+    for i in 0..drafted.len() {
+        drafts.push(seq.draft_row(i + 1, reserve(kv)?)?);
+    }
+    let inputs: Vec<u32> = std::iter::once(token)
+        .chain(drafted.iter().copied())
+        .collect();
+    model.check_ids(&inputs)?;
+    let tokens = ids_array(&inputs, &[inputs.len() as i32, 1])?;
+    let ctx = if drafted.is_empty() {
+        one_row.clone()
+    } else {
+        ForwardCtx {
+            adapters: widen(&opts.adapters, inputs.len())?,
+            ..base.clone()
+        }
+    };
+    let mut refs: Vec<&mut RowCache> = std::iter::once(seq).chain(drafts.iter_mut()).collect();
+    let picks = step_picks(model, &tokens, &mut refs, &ctx)?;
+    Ok((picks, drafts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_takes_the_latest_longest_match() {
+        // "1 2 3" occurs twice before the tail; the later one continues with 7 8.
+        let text = [1, 2, 3, 4, 5, 1, 2, 3, 7, 8, 9, 1, 2, 3];
+        assert_eq!(lookup_draft(&text, 3, 4), vec![7, 8, 9, 1]);
+        assert_eq!(lookup_draft(&text, 3, 2), vec![7, 8]);
+        assert_eq!(lookup_draft(&text, 3, 0), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn lookup_falls_back_to_shorter_ngrams_but_not_to_one_token() {
+        // The 3-gram "9 2 3" never occurred; "2 3" did, followed by 4.
+        assert_eq!(lookup_draft(&[1, 2, 3, 4, 9, 2, 3], 3, 2), vec![4, 9]);
+        // Only the last token repeats: no draft from a 1-gram unless asked for.
+        assert_eq!(lookup_draft(&[5, 1, 6, 7, 1], 3, 2), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&[5, 1, 6, 7, 1], 1, 2), vec![6, 7]);
+        assert_eq!(lookup_draft(&[1, 2], 3, 2), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_repeating_tail_drafts_its_own_continuation() {
+        assert_eq!(lookup_draft(&[4, 4, 4, 4], 2, 3), vec![4]);
+        assert_eq!(lookup_draft(&[1, 2, 1, 2, 1, 2], 2, 3), vec![1, 2]);
+    }
+}

@@ -1,0 +1,177 @@
+//! Speculative decoding with exact verification (`engine::speculative`) gives exactly the
+//! serial greedy tokens (`generate::greedy`, itself checked against mlx-lm in model_parity) on
+//! the tiny Gemma-4 f32 fixture, whose 32-token sliding window the prompts and outputs cross:
+//! with drafts that are all right (the serial output itself: every draft accepted), partly
+//! wrong (rejections mid-step), found by prompt lookup, at every draft count, with an adapter,
+//! with a stop token inside an accepted run, and with both forms of the matrices.
+//! Needs .deps/fixtures (scripts/setup.sh).
+mod model_support;
+
+use memexec::engine::speculative::{
+    greedy_speculative, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS,
+};
+use memexec::generate::{greedy, GenerateOptions, StopReason};
+use memexec::lora::{Activation, AdapterStack};
+use memexec::model::{Model, WeightChoice};
+use model_support::{model_dir, mount_adapters};
+
+const FIXTURE: &str = "tiny-gemma4-q4-f32";
+
+fn model(form: WeightChoice) -> Model {
+    Model::load_with(&model_dir(FIXTURE), form).expect("load tiny fixture")
+}
+
+/// Deterministic prompt ids of `len` tokens; `period` > 0 repeats a pattern (lookup finds it).
+fn ids(len: usize, r: u32, period: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|t| {
+            let t = if period > 0 { t % period as u32 } else { t };
+            2 + (t * 131 + r * 17 + t * t) % 4000
+        })
+        .collect()
+}
+
+fn options(max_tokens: usize, adapters: Option<Activation>) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        adapters,
+        ..GenerateOptions::default()
+    }
+}
+
+fn speculate(
+    model: &Model,
+    prompt: &[u32],
+    opts: GenerateOptions,
+    drafts: Drafts,
+    max_drafts: usize,
+) -> (Vec<u32>, StopReason, SpeculationStats) {
+    let spec = SpeculateOptions { drafts, max_drafts };
+    let (g, stats) = greedy_speculative(model, prompt, opts, &spec).expect("speculative");
+    (g.ids, g.stop, stats)
+}
+
+#[test]
+fn right_drafts_are_all_accepted_and_give_the_serial_tokens() {
+    for form in [WeightChoice::Quantized, WeightChoice::Dense] {
+        let model = model(form);
+        for (r, len) in [5usize, 30, 70].into_iter().enumerate() {
+            let prompt = ids(len, r as u32, 0);
+            let want = greedy(&model, &prompt, options(48, None)).expect("serial");
+            assert!(want.ids.len() > 8, "the fixture should generate");
+            for k in [1, 3, MAX_DRAFTS] {
+                let (got, stop, stats) = speculate(
+                    &model,
+                    &prompt,
+                    options(48, None),
+                    Drafts::Continuation(want.ids.clone()),
+                    k,
+                );
+                let label = format!("{form:?}, prompt {len}, {k} drafts: {stats:?}");
+                assert_eq!(got, want.ids, "{label}");
+                assert_eq!(stop, want.stop, "{label}");
+                assert_eq!(stats.accepted, stats.drafted, "{label}");
+                assert!(stats.steps * 2 <= want.ids.len(), "{label}");
+            }
+        }
+    }
+}
+
+#[test]
+fn wrong_drafts_are_rejected_and_change_nothing() {
+    let model = model(WeightChoice::Quantized);
+    let vocab = model.info().vocab_size as u32;
+    for (r, len) in [12usize, 40].into_iter().enumerate() {
+        let prompt = ids(len, r as u32 + 3, 0);
+        let want = greedy(&model, &prompt, options(60, None)).expect("serial");
+        // Every third token of the continuation is wrong: steps accept 0-2 drafts.
+        let spoiled: Vec<u32> = want
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| if i % 3 == 2 { (t + 1) % vocab } else { t })
+            .collect();
+        for k in [2, MAX_DRAFTS] {
+            let (got, _, stats) = speculate(
+                &model,
+                &prompt,
+                options(60, None),
+                Drafts::Continuation(spoiled.clone()),
+                k,
+            );
+            assert_eq!(got, want.ids, "prompt {len}, {k} drafts: {stats:?}");
+            assert!(
+                stats.accepted > 0 && stats.accepted < stats.drafted,
+                "{stats:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn lookup_drafts_give_the_serial_tokens() {
+    let model = model(WeightChoice::Quantized);
+    for (r, (len, period)) in [(40usize, 7usize), (64, 0), (90, 20)]
+        .into_iter()
+        .enumerate()
+    {
+        let prompt = ids(len, r as u32, period);
+        let want = greedy(&model, &prompt, options(64, None)).expect("serial");
+        let (got, stop, stats) = speculate(
+            &model,
+            &prompt,
+            options(64, None),
+            Drafts::Lookup { ngram: 3 },
+            4,
+        );
+        assert_eq!(got, want.ids, "prompt {len} / period {period}: {stats:?}");
+        assert_eq!(stop, want.stop);
+        eprintln!("prompt {len} / period {period}: {stats:?}");
+    }
+}
+
+#[test]
+fn an_adapter_runs_on_every_row_of_a_step() {
+    let model = model(WeightChoice::Quantized);
+    let (registry, adapters) = mount_adapters(&model, &["lora-default"]);
+    let activation = || {
+        Activation::per_row(registry.clone(), vec![AdapterStack::single(adapters[0])])
+            .expect("activation")
+    };
+    let prompt = ids(36, 5, 0);
+    let want = greedy(&model, &prompt, options(40, activation())).expect("serial");
+    let base = greedy(&model, &prompt, options(40, None)).expect("serial base");
+    assert_ne!(want.ids, base.ids, "the adapter should change the output");
+    let (got, _, stats) = speculate(
+        &model,
+        &prompt,
+        options(40, activation()),
+        Drafts::Continuation(want.ids.clone()),
+        MAX_DRAFTS,
+    );
+    assert_eq!(got, want.ids, "{stats:?}");
+    assert_eq!(stats.accepted, stats.drafted);
+}
+
+#[test]
+fn a_stop_token_inside_an_accepted_run_ends_there() {
+    let model = model(WeightChoice::Quantized);
+    let prompt = ids(20, 8, 0);
+    let free = greedy(&model, &prompt, options(40, None)).expect("serial");
+    // Stop at the token serial produces 10th (its first occurrence ends the output).
+    let stop_at = free.ids[9];
+    let opts = || GenerateOptions {
+        stop_ids: Some(vec![stop_at]),
+        ..options(40, None)
+    };
+    let want = greedy(&model, &prompt, opts()).expect("serial");
+    assert_eq!(want.stop, StopReason::Eos(stop_at));
+    let (got, stop, _) = speculate(
+        &model,
+        &prompt,
+        opts(),
+        Drafts::Continuation(free.ids.clone()),
+        MAX_DRAFTS,
+    );
+    assert_eq!((got, stop), (want.ids, want.stop));
+}
