@@ -152,6 +152,9 @@ pub fn greedy_speculative(
             stats,
         ));
     }
+    // The kernels' start-up self-checks (seconds on MLX CUDA, once per thread) run here, not
+    // inside the first timed step.
+    crate::model::slot_attention::used_with(model.info().decode_attention, true);
     let started = Instant::now();
     let one_row = ForwardCtx {
         adapters: opts.adapters.clone(),
