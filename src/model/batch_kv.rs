@@ -491,7 +491,6 @@ pub fn update_rows(
             caches.len()
         )));
     }
-    // (own slot, the slot of its sequence, write position, visible, sliding layer)
     let mut rows = Vec::with_capacity(caches.len());
     for cache in caches.iter_mut() {
         let slot = match cache.slot() {
@@ -506,22 +505,48 @@ pub fn update_rows(
         let lc = cache.layer_mut(layer).ok_or_else(|| missing_layer(layer))?;
         let sliding = lc.slot_window() > 0;
         let (pos, seen) = lc.advance_slot();
-        rows.push((slot, base, pos, seen, sliding));
+        rows.push(RowPlace {
+            slot,
+            base,
+            pos,
+            seen,
+            sliding,
+        });
     }
     let plan = plan_writes(&rows)?;
     let rows = lock(&kv)?.write(layer, plan, keys, values)?;
     Ok(rows)
 }
 
+/// Where one row of a step writes in one layer, from its own bookkeeping.
+struct RowPlace {
+    /// The row's own slot.
+    slot: i32,
+    /// The slot of its sequence (its own unless it is a draft row).
+    base: i32,
+    /// The position it writes (a ring index in a sliding layer).
+    pos: i32,
+    /// The positions it then attends over.
+    seen: i32,
+    /// Whether the layer is a sliding one (a ring serial overwrites in place).
+    sliding: bool,
+}
+
+impl RowPlace {
+    fn leads(&self) -> bool {
+        self.slot == self.base
+    }
+}
+
 /// The writes, copies and reads of one layer's step (see [`update_rows`]).
-fn plan_writes(rows: &[(i32, i32, i32, i32, bool)]) -> Result<WritePlan> {
-    let visible = rows.iter().map(|r| r.3).collect();
-    if rows.iter().all(|&(slot, base, ..)| slot == base) {
+fn plan_writes(rows: &[RowPlace]) -> Result<WritePlan> {
+    let visible = rows.iter().map(|r| r.seen).collect();
+    if rows.iter().all(RowPlace::leads) {
         return Ok(WritePlan {
-            at: rows.iter().map(|&(slot, _, pos, ..)| (slot, pos)).collect(),
+            at: rows.iter().map(|r| (r.slot, r.pos)).collect(),
             from_rows: None,
             copies: Vec::new(),
-            read: rows.iter().map(|r| r.0).collect(),
+            read: rows.iter().map(|r| r.slot).collect(),
             visible,
         });
     }
@@ -529,37 +554,37 @@ fn plan_writes(rows: &[(i32, i32, i32, i32, bool)]) -> Result<WritePlan> {
     let mut from = Vec::new();
     let mut copies = Vec::new();
     let mut read = Vec::with_capacity(rows.len());
-    for (r, &(slot, base, pos, _, sliding)) in rows.iter().enumerate() {
-        if slot == base {
-            at.push((slot, pos));
+    for (r, row) in rows.iter().enumerate() {
+        if row.leads() {
+            at.push((row.slot, row.pos));
             from.push(r as i32);
-            read.push(slot);
+            read.push(row.slot);
             continue;
         }
         // The rows before this one in its group: the sequence's row, then earlier drafts.
         let lead = rows[..r]
             .iter()
-            .rposition(|&(s, b, ..)| s == base && b == base)
+            .rposition(|l| l.leads() && l.slot == row.base)
             .ok_or_else(|| Error::Internal("a draft row comes before its sequence's row".into()))?;
-        if rows[lead + 1..r].iter().any(|&(_, b, ..)| b != base) {
+        if rows[lead + 1..r].iter().any(|m| m.base != row.base) {
             return Err(Error::Internal(
                 "a draft row is not next to its sequence's rows".into(),
             ));
         }
-        if !sliding {
-            at.push((base, pos));
+        if !row.sliding {
+            at.push((row.base, row.pos));
             from.push(r as i32);
-            read.push(base);
+            read.push(row.base);
             continue;
         }
-        copies.push((slot, base));
+        copies.push((row.slot, row.base));
         for (m, earlier) in rows.iter().enumerate().take(r).skip(lead) {
-            at.push((slot, earlier.2));
+            at.push((row.slot, earlier.pos));
             from.push(m as i32);
         }
-        at.push((slot, pos));
+        at.push((row.slot, row.pos));
         from.push(r as i32);
-        read.push(slot);
+        read.push(row.slot);
     }
     let n = from.len() as i32;
     Ok(WritePlan {
