@@ -2,7 +2,8 @@
 //! serial greedy tokens (`generate::greedy`, itself checked against mlx-lm in model_parity) on
 //! the tiny Gemma-4 f32 fixture, whose 32-token sliding window the prompts and outputs cross:
 //! with drafts that are all right (the serial output itself: every draft accepted), partly
-//! wrong (rejections mid-step), found by prompt lookup, at every draft count, with an adapter,
+//! wrong (rejections mid-step), found by prompt lookup (the random fixture seldom repeats
+//! itself: a prompt quoting its own output makes it), at every draft count, with an adapter,
 //! with a stop token inside an accepted run, and with both forms of the matrices.
 //! Needs .deps/fixtures (scripts/setup.sh).
 mod model_support;
@@ -131,6 +132,27 @@ fn lookup_drafts_give_the_serial_tokens() {
         assert_eq!(stop, want.stop);
         eprintln!("prompt {len} / period {period}: {stats:?}");
     }
+    // A prompt that quotes the model's own continuation of its head and ends with that head
+    // again: the output repeats text, so lookup drafts (the random fixture rarely does).
+    let head = ids(24, 9, 0);
+    let own = greedy(&model, &head, options(40, None))
+        .expect("serial")
+        .ids;
+    let prompt: Vec<u32> = [&head[..], &own[..], &head[..]].concat();
+    let want = greedy(&model, &prompt, options(48, None)).expect("serial");
+    let (got, _, stats) = speculate(
+        &model,
+        &prompt,
+        options(48, None),
+        Drafts::Lookup { ngram: 3 },
+        4,
+    );
+    eprintln!("quoting prompt: {stats:?}");
+    assert_eq!(got, want.ids, "quoting prompt: {stats:?}");
+    assert!(
+        stats.drafted > 0,
+        "lookup should find the quoted text: {stats:?}"
+    );
 }
 
 #[test]
