@@ -40,6 +40,15 @@ impl Default for GenerateOptions {
     }
 }
 
+impl GenerateOptions {
+    /// The ids that end the generation: `stop_ids`, else `model`'s eos ids.
+    pub fn stop_ids_for(&self, model: &Model) -> Vec<u32> {
+        self.stop_ids
+            .clone()
+            .unwrap_or_else(|| model.info().eos_token_ids.clone())
+    }
+}
+
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -62,6 +71,19 @@ pub struct Generation {
     pub decode_time: Duration,
     /// Where the decode steps' time went on the host.
     pub decode_profile: DecodeProfile,
+}
+
+impl Generation {
+    /// The result of a generation asked for no tokens (`max_tokens` 0).
+    pub(crate) fn nothing() -> Generation {
+        Generation {
+            ids: Vec::new(),
+            stop: StopReason::MaxTokens,
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            decode_profile: DecodeProfile::default(),
+        }
+    }
 }
 
 /// Host time of a generation's decode steps, split by what the host was doing: building a
@@ -351,21 +373,12 @@ pub fn greedy_until(
     mut interrupted: impl FnMut() -> Result<()>,
 ) -> Result<Generation> {
     let ctx = ForwardCtx::with_adapters(opts.adapters.clone());
-    let stop_ids = opts
-        .stop_ids
-        .clone()
-        .unwrap_or_else(|| model.info().eos_token_ids.clone());
+    let stop_ids = opts.stop_ids_for(model);
     let mut cache = model.new_cache();
     let started = Instant::now();
     let mut ids = Vec::new();
     if opts.max_tokens == 0 {
-        return Ok(Generation {
-            ids,
-            stop: StopReason::MaxTokens,
-            prefill_time: Duration::ZERO,
-            decode_time: Duration::ZERO,
-            decode_profile: DecodeProfile::default(),
-        });
+        return Ok(Generation::nothing());
     }
     let mut pending = prefill_lazy(model, prompt, &mut cache, opts.prefill_step, &ctx)?;
     let mut prefill_time = None;

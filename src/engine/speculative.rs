@@ -14,7 +14,7 @@
 //! Drafts come from the text itself ([`Drafts::Lookup`], "prompt lookup": the pipeline's
 //! extraction and segmenting stages copy spans of their input) or from a given continuation
 //! ([`Drafts::Continuation`]: tests and benchmarks with drafts of a known quality).
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mlx_rs::transforms::async_eval;
 
@@ -103,7 +103,7 @@ pub fn lookup_draft(text: &[u32], ngram: usize, max: usize) -> Vec<u32> {
     Vec::new()
 }
 
-/// `activation` (one row's adapters) for `rows` rows of one sequence.
+/// `activation` (one row's adapters) for `rows` rows of one sequence (the same stack on each).
 fn widen(activation: &Option<Activation>, rows: usize) -> Result<Option<Activation>> {
     match activation {
         None => Ok(None),
@@ -131,26 +131,13 @@ pub fn greedy_speculative(
     opts: GenerateOptions,
     spec: &SpeculateOptions,
 ) -> Result<(Generation, SpeculationStats)> {
-    let stop_ids = opts
-        .stop_ids
-        .clone()
-        .unwrap_or_else(|| model.info().eos_token_ids.clone());
+    let stop_ids = opts.stop_ids_for(model);
     let max_drafts = spec.max_drafts.min(MAX_DRAFTS);
     let base = Decoder::new(model, &stop_ids).base_ctx();
     let mut stats = SpeculationStats::default();
     let mut profile = DecodeProfile::default();
-    let mut ids: Vec<u32> = Vec::new();
     if opts.max_tokens == 0 {
-        return Ok((
-            Generation {
-                ids,
-                stop: StopReason::MaxTokens,
-                prefill_time: Duration::ZERO,
-                decode_time: Duration::ZERO,
-                decode_profile: profile,
-            },
-            stats,
-        ));
+        return Ok((Generation::nothing(), stats));
     }
     // The kernels' start-up self-checks (seconds on MLX CUDA, once per thread) run here, not
     // inside the first timed step.
@@ -165,29 +152,34 @@ pub fn greedy_speculative(
     let prefill_time = started.elapsed();
     let decode_start = Instant::now();
     let kv = SharedKv::new();
+    // The prompt, then the output: lookup drafts from both, the output is its tail.
     let mut text: Vec<u32> = prompt.to_vec();
+    let generated = |text: &[u32]| text.len() - prompt.len();
     let stop = 'decode: loop {
         if stop_ids.contains(&token) {
             break StopReason::Eos(token);
         }
-        ids.push(token);
         text.push(token);
-        if ids.len() >= opts.max_tokens {
+        if generated(&text) >= opts.max_tokens {
             break StopReason::MaxTokens;
         }
         if seq.slot().is_none() {
             join(&kv, &mut seq)?;
         }
         // A step yields at most 1 + drafts tokens: drafts past the budget are never used.
-        let budget = (opts.max_tokens - ids.len() - 1).min(max_drafts);
+        let budget = (opts.max_tokens - generated(&text) - 1).min(max_drafts);
         let drafted = match &spec.drafts {
             Drafts::Lookup { ngram } => lookup_draft(&text, *ngram, budget),
-            Drafts::Continuation(c) => c.iter().skip(ids.len()).take(budget).copied().collect(),
+            Drafts::Continuation(c) => c
+                .iter()
+                .skip(generated(&text))
+                .take(budget)
+                .copied()
+                .collect(),
         };
         let t0 = Instant::now();
-        let (picks, mut drafts) = verify(
-            model, &mut seq, &kv, token, &drafted, &one_row, &base, &opts,
-        )?;
+        let adapters = &opts.adapters;
+        let (picks, mut drafts) = verify(model, &mut seq, &kv, token, &drafted, &base, adapters)?;
         let t1 = Instant::now();
         async_eval([&picks])?;
         let t2 = Instant::now();
@@ -212,7 +204,6 @@ pub fn greedy_speculative(
             if stop_ids.contains(&t) {
                 break 'decode StopReason::Eos(t);
             }
-            ids.push(t);
             text.push(t);
         }
         token = *picks
@@ -221,7 +212,7 @@ pub fn greedy_speculative(
     };
     Ok((
         Generation {
-            ids,
+            ids: text.split_off(prompt.len()),
             stop,
             prefill_time,
             decode_time: decode_start.elapsed(),
@@ -234,16 +225,14 @@ pub fn greedy_speculative(
 /// Builds one verification step: the sequence's row fed `token`, then one draft row per
 /// draft. Returns the lazy picks (one per row) and the draft rows (to accept from, then drop:
 /// dropping frees their scratch slots).
-#[allow(clippy::too_many_arguments)]
 fn verify(
     model: &Model,
     seq: &mut RowCache,
     kv: &std::sync::Arc<std::sync::Mutex<SharedKv>>,
     token: u32,
     drafted: &[u32],
-    one_row: &ForwardCtx,
     base: &ForwardCtx,
-    opts: &GenerateOptions,
+    adapters: &Option<Activation>,
 ) -> Result<(mlx_rs::Array, Vec<RowCache>)> {
     let mut drafts = Vec::with_capacity(drafted.len());
     for i in 0..drafted.len() {
@@ -254,13 +243,9 @@ fn verify(
         .collect();
     model.check_ids(&inputs)?;
     let tokens = ids_array(&inputs, &[inputs.len() as i32, 1])?;
-    let ctx = if drafted.is_empty() {
-        one_row.clone()
-    } else {
-        ForwardCtx {
-            adapters: widen(&opts.adapters, inputs.len())?,
-            ..base.clone()
-        }
+    let ctx = ForwardCtx {
+        adapters: widen(adapters, inputs.len())?,
+        ..base.clone()
     };
     let mut refs: Vec<&mut RowCache> = std::iter::once(seq).chain(drafts.iter_mut()).collect();
     let picks = step_picks(model, &tokens, &mut refs, &ctx)?;

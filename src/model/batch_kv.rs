@@ -178,15 +178,8 @@ impl SharedKv {
             let dst: Vec<i32> = plan.copies.iter().map(|&(d, _)| d).collect();
             let src: Vec<i32> = plan.copies.iter().map(|&(_, s)| s).collect();
             let (dst, src) = (Array::from_slice(&dst, &[n]), Array::from_slice(&src, &[n]));
-            let copy = |buf: &Array| -> Result<Array> {
-                let mut shape = buf.shape().to_vec();
-                let slot_copies = buf.take_axis(&src, 0)?;
-                shape[0] = 1;
-                shape.insert(0, n);
-                scatter(buf, &[&dst], &slot_copies.reshape(&shape)?, &[0])
-            };
-            kb = copy(&kb)?;
-            vb = copy(&vb)?;
+            kb = copy_slots(&kb, &dst, &src)?;
+            vb = copy_slots(&vb, &dst, &src)?;
         }
         let [slot_idx, pos_idx, read_idx, seen_idx] = self.places(&plan);
         let as_update = |a: &Array| -> Result<Array> {
@@ -225,11 +218,7 @@ impl SharedKv {
                 return Err(missing_layer(layer));
             };
             for buf in [&mut b.keys, &mut b.values] {
-                let mut shape = buf.shape().to_vec();
-                shape[0] = 1;
-                shape.insert(0, 1);
-                let slot = buf.take_axis(&s, 0)?.reshape(&shape)?;
-                *buf = scatter(buf, &[&d], &slot, &[0])?;
+                *buf = copy_slots(buf, &d, &s)?;
             }
         }
         Ok(())
@@ -271,6 +260,16 @@ impl SharedKv {
         self.places.push((key, arrays.clone()));
         arrays
     }
+}
+
+/// `buf` (`[slots, ...]`) with slot `dst[i]` replaced by slot `src[i]` (int32 `[n]` arrays):
+/// one take and one scatter, lazily.
+fn copy_slots(buf: &Array, dst: &Array, src: &Array) -> Result<Array> {
+    let mut shape = buf.shape().to_vec();
+    shape[0] = 1;
+    shape.insert(0, src.dim(0));
+    let slots = buf.take_axis(src, 0)?.reshape(&shape)?;
+    scatter(buf, &[dst], &slots, &[0])
 }
 
 /// What one layer's step does to the shared buffers.
@@ -619,16 +618,10 @@ pub fn accept(seq: &mut RowCache, drafts: &[&RowCache], accepted: usize) -> Resu
             "the draft rows belong to another sequence".into(),
         ));
     }
-    let mut sliding = Vec::new();
-    for layer in 0..seq.len() {
-        let lc = seq.layer_mut(layer).ok_or_else(|| missing_layer(layer))?;
-        for _ in 0..accepted {
-            lc.advance_slot();
-        }
-        if lc.slot_window() > 0 {
-            sliding.push(layer);
-        }
-    }
+    seq.advance_slots(accepted);
+    let sliding: Vec<usize> = (0..seq.len())
+        .filter(|&l| seq.layer(l).is_some_and(|c| c.slot_window() > 0))
+        .collect();
     let copied = lock(&kv)?.copy_slot(&sliding, base, src);
     copied
 }

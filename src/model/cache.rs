@@ -486,17 +486,23 @@ impl RowCache {
                 "a draft row cannot draft for another".into(),
             ));
         }
-        let mut layers = self.layers.clone();
-        for layer in &mut layers {
-            for _ in 0..ahead {
+        let mut row = RowCache {
+            layers: self.layers.clone(),
+            slot: Some(scratch),
+            draft_of: Some(base),
+        };
+        row.advance_slots(ahead);
+        Ok(row)
+    }
+
+    /// The bookkeeping of `n` more positions in every layer of a slotted row (see
+    /// [`LayerCache::advance_slot`]), their write positions discarded.
+    pub fn advance_slots(&mut self, n: usize) {
+        for layer in &mut self.layers {
+            for _ in 0..n {
                 layer.advance_slot();
             }
         }
-        Ok(RowCache {
-            layers,
-            slot: Some(scratch),
-            draft_of: Some(base),
-        })
     }
 
     /// The slot of the sequence this row drafts for (`None`: not a draft row).
