@@ -2,7 +2,8 @@
 //! serial greedy tokens (`generate::greedy`, itself checked against mlx-lm in model_parity) on
 //! the tiny Gemma-4 f32 fixture, whose 32-token sliding window the prompts and outputs cross:
 //! with drafts that are all right (the serial output itself: every draft accepted), partly
-//! wrong (rejections mid-step), found by prompt lookup (the random fixture seldom repeats
+//! wrong (rejections mid-step), for part of the output only (the rest pipelined one-row
+//! steps), found by prompt lookup (the random fixture seldom repeats
 //! itself: a prompt quoting its own output makes it), at every draft count, with an adapter,
 //! with a stop token inside an accepted run, and with both forms of the matrices.
 //! Needs .deps/fixtures (scripts/setup.sh).
@@ -109,6 +110,20 @@ fn wrong_drafts_are_rejected_and_change_nothing() {
                 "{stats:?}"
             );
         }
+        // Drafts for the first 20 tokens only: the rest runs as pipelined one-row steps.
+        let (got, stop, stats) = speculate(
+            &model,
+            &prompt,
+            options(60, None),
+            Drafts::Continuation(spoiled[..20].to_vec()),
+            MAX_DRAFTS,
+        );
+        assert_eq!(
+            got, want.ids,
+            "prompt {len}, drafts for 20 tokens: {stats:?}"
+        );
+        assert_eq!(stop, want.stop);
+        assert!(stats.steps > stats.steps_with_drafts, "{stats:?}");
     }
 }
 
@@ -132,13 +147,14 @@ fn lookup_drafts_give_the_serial_tokens() {
         assert_eq!(stop, want.stop);
         eprintln!("prompt {len} / period {period}: {stats:?}");
     }
-    // A prompt that quotes the model's own continuation of its head and ends with that head
-    // again: the output repeats text, so lookup drafts (the random fixture rarely does).
-    let head = ids(24, 9, 0);
+    // A prompt that quotes the model's own continuation of its head, then the head and the
+    // start of that continuation again: text repeats, so lookup drafts (the random fixture
+    // seldom follows a quote, and drafts are looked for only where a no-draft stretch ends).
+    let head = ids(24, 0, 0);
     let own = greedy(&model, &head, options(40, None))
         .expect("serial")
         .ids;
-    let prompt: Vec<u32> = [&head[..], &own[..], &head[..]].concat();
+    let prompt: Vec<u32> = [&head[..], &own[..], &head[..], &own[..8]].concat();
     let want = greedy(&model, &prompt, options(48, None)).expect("serial");
     let (got, _, stats) = speculate(
         &model,

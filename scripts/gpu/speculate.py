@@ -4,7 +4,8 @@ Runs THERE through scripts/gpu/remote.sh (or here on a fixture). Per round: plai
 prompt (the reference ids and the serial tok/s), then --speculate with prompt-lookup drafts,
 then --speculate K --drafts-from <the reference ids> for each K (every draft right: the
 ceiling of the mechanism's speed). Every run's ids must equal the reference's; exit 1 if not.
-A warm-up pass of every configuration (16 tokens) first compiles each step shape's kernels.
+Every timed run first generates once untimed in the same process (`--warmup 1`): the first use
+of each step shape compiles kernels and captures CUDA graphs, and each run is a fresh process.
 
 usage: speculate.py MEMEXEC MODEL_DIR [--len 400] [--tokens 128] [--ks 1,2,4,6] [--rounds 2]
        [--out FILE]
@@ -15,11 +16,12 @@ import json
 import random
 import subprocess
 import sys
+import time
 
 
 def run(memexec, model, prompt, tokens, extra):
     cmd = [memexec, "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
-           "--max-tokens", str(tokens), "--ignore-eos", "--json"] + extra
+           "--max-tokens", str(tokens), "--ignore-eos", "--json", "--warmup", "1"] + extra
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -43,11 +45,10 @@ def main():
     given = ["--drafts-from", ",".join(map(str, ids))]
     configs = [("serial", [])] + [("lookup4", ["--speculate", "4"])] + [
         (f"given{k}", ["--speculate", str(k)] + given) for k in ks]
-    for _, extra in configs:
-        run(a.memexec, a.model, prompt, 16, extra)
     rows, ok = [], True
     for rnd in range(1, a.rounds + 1):
         for name, extra in configs:
+            t = time.time()
             d = run(a.memexec, a.model, prompt, a.tokens, extra)
             same = d["ids"] == ids
             ok &= same
@@ -57,7 +58,8 @@ def main():
                    "steps": p["steps"], "build_ms": round(p["build"], 2),
                    "queue_ms": round(p["queue"], 2), "wait_ms": round(p["wait"], 2),
                    "drafted": s.get("drafted"), "accepted": s.get("accepted"), "same_ids": same,
-                   "ids_hash": hashlib.sha1(str(d["ids"]).encode()).hexdigest()[:10]}
+                   "ids_hash": hashlib.sha1(str(d["ids"]).encode()).hexdigest()[:10],
+                   "process_s": round(time.time() - t, 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:

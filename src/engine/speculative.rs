@@ -122,9 +122,10 @@ fn widen(activation: &Option<Activation>, rows: usize) -> Result<Option<Activati
 /// and stop as [`crate::generate::greedy`] with the same options, in fewer decode steps when
 /// drafts match.
 ///
-/// Steps are not pipelined (the next step's drafts depend on this step's tokens), so with no
-/// draft accepted a step costs its device time on top of the host's; `memexec generate
-/// --speculate` reports both the speed and [`SpeculationStats`].
+/// Verification steps are not pipelined (the next step's drafts depend on this step's
+/// tokens): each costs its device time on top of the host's. Stretches where the text drafts
+/// nothing run as `greedy` does, pipelined. `memexec generate --speculate` reports both the
+/// speed and [`SpeculationStats`].
 pub fn greedy_speculative(
     model: &Model,
     prompt: &[u32],
@@ -152,9 +153,29 @@ pub fn greedy_speculative(
     let prefill_time = started.elapsed();
     let decode_start = Instant::now();
     let kv = SharedKv::new();
+    // Queues one step of the sequence alone fed `tokens` ([1, 1], known or a lazy pick).
+    let one_step = |seq: &mut RowCache,
+                    tokens: &mlx_rs::Array,
+                    profile: &mut DecodeProfile|
+     -> Result<mlx_rs::Array> {
+        let t0 = Instant::now();
+        let picks = step_picks(model, tokens, &mut [seq], &one_row)?;
+        let t1 = Instant::now();
+        async_eval([&picks])?;
+        profile.steps += 1;
+        profile.build += t1 - t0;
+        profile.queue += t1.elapsed();
+        Ok(picks)
+    };
     // The prompt, then the output: lookup drafts from both, the output is its tail.
     let mut text: Vec<u32> = prompt.to_vec();
     let generated = |text: &[u32]| text.len() - prompt.len();
+    let draft = |text: &[u32], max: usize| -> Vec<u32> {
+        match &spec.drafts {
+            Drafts::Lookup { ngram } => lookup_draft(text, *ngram, max),
+            Drafts::Continuation(c) => c.iter().skip(generated(text)).take(max).copied().collect(),
+        }
+    };
     let stop = 'decode: loop {
         if stop_ids.contains(&token) {
             break StopReason::Eos(token);
@@ -168,15 +189,41 @@ pub fn greedy_speculative(
         }
         // A step yields at most 1 + drafts tokens: drafts past the budget are never used.
         let budget = (opts.max_tokens - generated(&text) - 1).min(max_drafts);
-        let drafted = match &spec.drafts {
-            Drafts::Lookup { ngram } => lookup_draft(&text, *ngram, budget),
-            Drafts::Continuation(c) => c
-                .iter()
-                .skip(generated(&text))
-                .take(budget)
-                .copied()
-                .collect(),
-        };
+        let drafted = draft(&text, budget);
+        if drafted.is_empty() {
+            // Nothing to verify: one-row steps, pipelined as in `greedy` (the next step is
+            // queued, fed this one's lazy pick, before this one's token is read), for as long
+            // as the text drafts nothing. The step fed the first token that drafts again is
+            // already queued without drafts: one drafting chance lost per stretch, against a
+            // device wait saved on every step of it.
+            let mut pending = one_step(&mut seq, &ids_array(&[token], &[1, 1])?, &mut profile)?;
+            token = loop {
+                let more = generated(&text) + 1 < opts.max_tokens && draft(&text, 1).is_empty();
+                let next = if more {
+                    Some(one_step(
+                        &mut seq,
+                        &pending.reshape(&[1, 1])?,
+                        &mut profile,
+                    )?)
+                } else {
+                    None
+                };
+                let t0 = Instant::now();
+                let t = read_tokens(&pending)?
+                    .first()
+                    .copied()
+                    .ok_or_else(|| Error::Internal("a decode step lost its row".into()))?;
+                profile.wait += t0.elapsed();
+                stats.steps += 1;
+                let Some(next) = next else { break t };
+                if stop_ids.contains(&t) {
+                    break 'decode StopReason::Eos(t);
+                }
+                text.push(t);
+                pending = next;
+            };
+            continue;
+        }
         let t0 = Instant::now();
         let adapters = &opts.adapters;
         let (picks, mut drafts) = verify(model, &mut seq, &kv, token, &drafted, &base, adapters)?;
@@ -197,7 +244,7 @@ pub fn greedy_speculative(
         accept(&mut seq, &refs, accepted)?;
         drafts.clear();
         stats.steps += 1;
-        stats.steps_with_drafts += usize::from(!drafted.is_empty());
+        stats.steps_with_drafts += 1;
         stats.drafted += drafted.len();
         stats.accepted += accepted;
         for &t in &picks[..accepted] {

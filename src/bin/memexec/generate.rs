@@ -70,6 +70,11 @@ pub struct Args {
         requires = "speculate"
     )]
     drafts_from: Vec<u32>,
+    /// Generate this many times before the reported run, with the same options (untimed):
+    /// the first use of each step shape compiles kernels and captures graphs (seconds on MLX
+    /// CUDA), which a speed figure should not include.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    warmup: usize,
 }
 
 /// The `--logprobs-out` document: per step the id, the top 8 `[id, logprob]` and the f64 sum
@@ -142,6 +147,9 @@ pub fn run(args: Args) -> memexec::Result<()> {
     if let Some(path) = &args.logprobs_out {
         let ctx = memexec::model::ForwardCtx::with_adapters(opts.adapters.clone());
         write_logprobs(path, &model, &prompt, args.max_tokens, &ctx)?;
+    }
+    for _ in 0..args.warmup {
+        generation(&model, &prompt, opts.clone(), &args)?;
     }
     let (g, speculation) = generation(&model, &prompt, opts, &args)?;
     let text = match &tokenizer {
