@@ -1,6 +1,7 @@
 //! `memexec bench`: BENCH.md. Loads the model once, renders the EXTRACT / SHORT / UNIFORM
 //! prompts through the prompter (stage defaults), runs memexec serial and batched at the given
-//! widths (interleaved repetitions, medians), counts outputs identical to serial, then runs
+//! widths (interleaved repetitions, medians), with `--speculate N` also serial with drafts
+//! verified (speculative decoding: its acceptance counts), counts outputs identical to serial, then runs
 //! mlx-lm (serial `generate_step`, `batch_generate`) on the same prompt ids and model through
 //! scripts/bench/mlx_lm_bench.py, and prints one table (and JSON with --json-out).
 use std::path::{Path, PathBuf};
@@ -9,6 +10,9 @@ use std::time::{Duration, Instant};
 use memexec::bench::workloads;
 use memexec::config::Config;
 use memexec::engine::scheduler::Limits;
+use memexec::engine::speculative::{
+    greedy_speculative, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS,
+};
 use memexec::engine::{Decoder, LocalInput, ModelBackend, RowRequest};
 use memexec::generate::{greedy, DecodeProfile, GenerateOptions};
 use memexec::{Error, Result};
@@ -60,6 +64,43 @@ pub struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// Also run serial with up to N drafts per step found by n-gram lookup in the prompt and
+    /// output, verified exactly (speculative decoding; mode "speculative kN"): its speed, its
+    /// outputs identical to serial and how many drafts were accepted. 0 = off.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    speculate: usize,
+    /// The longest n-gram the lookup matches (with --speculate).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    ngram: usize,
+}
+
+/// How a configuration decodes its prompts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One prompt after the other, greedy.
+    Serial,
+    /// One prompt after the other, with up to this many lookup drafts per step, verified
+    /// (the longest n-gram matched).
+    Speculative { drafts: usize, ngram: usize },
+    /// Continuous batching at this width.
+    Batched(usize),
+}
+
+impl Mode {
+    fn name(self) -> String {
+        match self {
+            Mode::Serial => "serial".into(),
+            Mode::Speculative { drafts, .. } => format!("speculative k{drafts}"),
+            Mode::Batched(w) => format!("batched w{w}"),
+        }
+    }
+
+    fn width(self) -> usize {
+        match self {
+            Mode::Batched(w) => w,
+            _ => 1,
+        }
+    }
 }
 
 /// One configuration's measurements over the repetitions.
@@ -71,6 +112,8 @@ struct Runs {
     peak: u64,
     /// The last repetition's decode profile.
     profile: DecodeProfile,
+    /// The last repetition's draft counts (speculative mode).
+    speculation: Option<SpeculationStats>,
 }
 
 impl Runs {
@@ -91,20 +134,39 @@ struct Measured {
     ids: Vec<Vec<u32>>,
     /// Host time of the decode steps (serial: summed over the prompts).
     profile: DecodeProfile,
+    /// Draft counts summed over the prompts (speculative mode).
+    speculation: Option<SpeculationStats>,
 }
 
-fn run_serial(backend: &ModelBackend, prompts: &[Vec<u32>], max_tokens: usize) -> Result<Measured> {
+/// Serial greedy over the prompts, or with `spec` the speculative decoder (same ids).
+fn run_serial(
+    backend: &ModelBackend,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    spec: Option<&SpeculateOptions>,
+) -> Result<Measured> {
     let t = Instant::now();
     let mut prefill = Duration::ZERO;
     let mut ids = Vec::new();
     let mut profile = DecodeProfile::default();
+    let mut speculation = spec.map(|_| SpeculationStats::default());
     for p in prompts {
         let opts = GenerateOptions {
             max_tokens,
             stop_ids: Some(backend.stop_ids().to_vec()),
             ..GenerateOptions::default()
         };
-        let g = greedy(backend.model(), p, opts)?;
+        let g = match (spec, speculation.as_mut()) {
+            (Some(spec), Some(total)) => {
+                let (g, s) = greedy_speculative(backend.model(), p, opts, spec)?;
+                total.steps += s.steps;
+                total.steps_with_drafts += s.steps_with_drafts;
+                total.drafted += s.drafted;
+                total.accepted += s.accepted;
+                g
+            }
+            _ => greedy(backend.model(), p, opts)?,
+        };
         prefill += g.prefill_time;
         ids.push(g.ids);
         profile += g.decode_profile;
@@ -114,6 +176,7 @@ fn run_serial(backend: &ModelBackend, prompts: &[Vec<u32>], max_tokens: usize) -
         prefill,
         ids,
         profile,
+        speculation,
     })
 }
 
@@ -149,21 +212,28 @@ fn run_batched(
         prefill,
         ids,
         profile: decoder.profile(),
+        speculation: None,
     })
 }
 
-/// `None` = serial; `Some(w)` = batched at width w.
 fn measure(
     backend: &ModelBackend,
     prompts: &[Vec<u32>],
     max_tokens: usize,
-    mode: Option<usize>,
+    mode: Mode,
 ) -> Result<(Measured, u64)> {
     let _ = mlx_rs::memory::clear_cache();
     let _ = mlx_rs::memory::reset_peak_memory();
     let m = match mode {
-        None => run_serial(backend, prompts, max_tokens)?,
-        Some(w) => run_batched(backend, prompts, max_tokens, w)?,
+        Mode::Serial => run_serial(backend, prompts, max_tokens, None)?,
+        Mode::Speculative { drafts, ngram } => {
+            let spec = SpeculateOptions {
+                drafts: Drafts::Lookup { ngram },
+                max_drafts: drafts,
+            };
+            run_serial(backend, prompts, max_tokens, Some(&spec))?
+        }
+        Mode::Batched(w) => run_batched(backend, prompts, max_tokens, w)?,
     };
     let peak = mlx_rs::memory::peak_memory().map_or(0, |b| b as u64);
     Ok((m, peak))
@@ -187,13 +257,6 @@ fn per_s(n: usize, d: Duration) -> f64 {
         0.0
     } else {
         n as f64 / d.as_secs_f64()
-    }
-}
-
-fn mode_name(mode: Option<usize>) -> String {
-    match mode {
-        None => "serial".into(),
-        Some(w) => format!("batched w{w}"),
     }
 }
 
@@ -266,6 +329,12 @@ fn mlx_lm(args: &Args, wls: &[Value], device: &str) -> Result<Value> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.speculate > MAX_DRAFTS {
+        return Err(Error::InvalidArgument(format!(
+            "--speculate {}: at most {MAX_DRAFTS} drafts per step on this platform",
+            args.speculate
+        )));
+    }
     let t0 = Instant::now();
     let mut config = Config::for_model(&args.model);
     config.weights = args.weights;
@@ -310,8 +379,13 @@ pub fn run(args: Args) -> Result<()> {
             })
             .collect::<Result<_>>()?;
         let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-        let modes: Vec<Option<usize>> = std::iter::once(None)
-            .chain(args.widths.iter().map(|&w| Some(w)))
+        let speculative = (args.speculate > 0).then_some(Mode::Speculative {
+            drafts: args.speculate,
+            ngram: args.ngram,
+        });
+        let modes: Vec<Mode> = std::iter::once(Mode::Serial)
+            .chain(speculative)
+            .chain(args.widths.iter().map(|&w| Mode::Batched(w)))
             .collect();
         // Warm-up, untimed: every batch shape once, on the prompts' first 16 ids (full
         // prefills here would double the run time on CPU).
@@ -329,7 +403,7 @@ pub fn run(args: Args) -> Result<()> {
                 eprintln!(
                     "{} {} rep {}: {:.0} ms",
                     wl.name,
-                    mode_name(mode),
+                    mode.name(),
                     rep + 1,
                     ms(m.e2e)
                 );
@@ -338,6 +412,7 @@ pub fn run(args: Args) -> Result<()> {
                 r.prefill.push(m.prefill);
                 r.ids = m.ids;
                 r.profile = m.profile;
+                r.speculation = m.speculation;
                 r.peak = r.peak.max(peak);
             }
         }
@@ -356,8 +431,8 @@ pub fn run(args: Args) -> Result<()> {
                 .filter(|(a, b)| a == b)
                 .count();
             let row = json!({
-                "workload": wl.name, "engine": "memexec", "mode": mode_name(*mode),
-                "width": mode.unwrap_or(1), "e2e_ms": ms(e2e),
+                "workload": wl.name, "engine": "memexec", "mode": mode.name(),
+                "width": mode.width(), "e2e_ms": ms(e2e),
                 "e2e_ms_all": r.e2e.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
                 "prefill_tok_s": per_s(prompt_tokens, prefill),
                 "decode_tok_s": per_s(after_first, e2e.saturating_sub(prefill)),
@@ -365,6 +440,10 @@ pub fn run(args: Args) -> Result<()> {
                 "identical_to_serial": identical, "rows": r.ids.len(),
                 "peak_memory_bytes": r.peak, "ids": r.ids,
                 "decode_profile_ms_per_step": profile_json(&r.profile),
+                "speculation": r.speculation.map(|s| json!({
+                    "steps": s.steps, "steps_with_drafts": s.steps_with_drafts,
+                    "drafted": s.drafted, "accepted": s.accepted,
+                })),
             });
             table.push(row.clone());
             rows_json.push(row);
@@ -520,6 +599,19 @@ fn print_table(rows: &[Value]) {
             r["identical_to_serial"].as_u64().unwrap_or(0),
             r["rows"].as_u64().unwrap_or(0),
             f("peak_memory_bytes") / 1e6,
+        );
+    }
+    for r in rows.iter().filter(|r| r["speculation"].is_object()) {
+        let s = &r["speculation"];
+        let n = |k: &str| s[k].as_u64().unwrap_or(0);
+        println!(
+            "{} {}: {} of {} drafts accepted; {} steps, {} with drafts",
+            r["workload"].as_str().unwrap_or("?"),
+            r["mode"].as_str().unwrap_or("?"),
+            n("accepted"),
+            n("drafted"),
+            n("steps"),
+            n("steps_with_drafts"),
         );
     }
 }
