@@ -160,9 +160,11 @@ enum memexec_status memexec_batch(struct memexec *handle,
 // "batch_width": 1, "device": "default"|"cpu"|"gpu", "weights": "auto"|"quantized"|"dense",
 // "decode_attention": "mlx"|"kernel", "limits": {"max_batch": 4096,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null,
-// "max_kv_bytes": null}}`.
+// "max_kv_bytes": null}, "speculate": {"max_drafts": 4, "ngram": 3}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
-// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial).
+// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial). `speculate` (absent = off; needs
+// `batch_width` 1) verifies up to `max_drafts` tokens drafted from the prompt and output per
+// decode step: the same answers as without it, in fewer steps where the text repeats.
 //
 // On success writes a new handle to `*out_handle` (required). On failure writes a message to
 // `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves
@@ -294,9 +296,11 @@ enum memexec_status memexec_batch(struct memexec *handle,
 // "batch_width": 1, "device": "default"|"cpu"|"gpu", "weights": "auto"|"quantized"|"dense",
 // "decode_attention": "mlx"|"kernel", "limits": {"max_batch": 4096,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null,
-// "max_kv_bytes": null}}`.
+// "max_kv_bytes": null}, "speculate": {"max_drafts": 4, "ngram": 3}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
-// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial).
+// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial). `speculate` (absent = off; needs
+// `batch_width` 1) verifies up to `max_drafts` tokens drafted from the prompt and output per
+// decode step: the same answers as without it, in fewer steps where the text repeats.
 //
 // On success writes a new handle to `*out_handle` (required). On failure writes a message to
 // `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves
@@ -355,7 +359,8 @@ enum memexec_status memexec_messages(const char *stages_json,
 // Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
 // `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
-// `peak_memory_bytes`.
+// `peak_memory_bytes`, and with `speculate` configured `speculation` (`steps`,
+// `steps_with_drafts`, `drafted`, `accepted`).
 //
 // Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
 // `INTERNAL`.
@@ -407,7 +412,8 @@ enum memexec_status memexec_messages(const char *stages_json,
 // Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
 // `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
-// `peak_memory_bytes`.
+// `peak_memory_bytes`, and with `speculate` configured `speculation` (`steps`,
+// `steps_with_drafts`, `drafted`, `accepted`).
 //
 // Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
 // `INTERNAL`.

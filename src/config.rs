@@ -52,6 +52,26 @@ pub struct Config {
     /// Limits on what a caller may ask for.
     #[serde(default)]
     pub limits: Limits,
+    /// Speculative decoding with exact verification (see
+    /// [`crate::engine::speculative`]): absent = off. Serial decoding only (`batch_width` 1).
+    #[serde(default)]
+    pub speculate: Option<Speculate>,
+}
+
+/// `speculate`: drafts found by n-gram lookup in each call's prompt and output, verified in
+/// one step; the answers are the serial greedy ones token for token.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Speculate {
+    /// The most drafts per step, 1 to [`crate::engine::speculative::MAX_DRAFTS`].
+    pub max_drafts: usize,
+    /// The longest n-gram the lookup matches (default 3).
+    #[serde(default = "default_ngram")]
+    pub ngram: usize,
+}
+
+fn default_ngram() -> usize {
+    3
 }
 
 /// What one stage runs with.
@@ -151,6 +171,7 @@ impl Config {
             weights: WeightChoice::Auto,
             decode_attention: None,
             limits: Limits::default(),
+            speculate: None,
         }
     }
 
@@ -180,6 +201,21 @@ impl Config {
             return Err(Error::InvalidConfig(
                 "`limits.max_prompt_tokens` must be at least 1".into(),
             ));
+        }
+        if let Some(s) = &self.speculate {
+            let most = crate::engine::speculative::MAX_DRAFTS;
+            if !(1..=most).contains(&s.max_drafts) || s.ngram == 0 {
+                return Err(Error::InvalidConfig(format!(
+                    "`speculate.max_drafts` must be 1 to {most} on this platform and `speculate.ngram` at least 1 (got {} and {})",
+                    s.max_drafts, s.ngram
+                )));
+            }
+            if self.batch_width != 1 {
+                return Err(Error::InvalidConfig(format!(
+                    "`speculate` needs `batch_width` 1 (got {}): the batched decoder does not verify drafts",
+                    self.batch_width
+                )));
+            }
         }
         for (stage, spec) in &self.stages {
             if let Some(adapter) = &spec.adapter {
@@ -251,6 +287,32 @@ mod tests {
             Some(DecodeAttention::Mlx)
         );
         assert!(c(r#"{"model_dir": "/m", "decode_attention": "fast"}"#).is_err());
+    }
+
+    #[test]
+    fn speculate_parses_and_needs_serial_decoding() {
+        let c = Config::from_json(
+            r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 2}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.speculate,
+            Some(Speculate {
+                max_drafts: 2,
+                ngram: 3
+            })
+        );
+        for doc in [
+            r#"{"model_dir": "/m", "batch_width": 8, "speculate": {"max_drafts": 2}}"#,
+            r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 0}}"#,
+            r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 99}}"#,
+            r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 2, "ngram": 0}}"#,
+        ] {
+            let e = Config::from_json(doc).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig(_)), "{doc}: {e}");
+        }
+        let e = Config::from_json(r#"{"model_dir": "/m", "speculate": {"drafts": 2}}"#);
+        assert!(matches!(e, Err(Error::InvalidJson { .. })), "{e:?}");
     }
 
     #[test]

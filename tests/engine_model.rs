@@ -241,3 +241,65 @@ fn kernel_decode_attention_falls_back_where_mlx_has_no_cuda() {
         );
     }
 }
+
+#[test]
+fn speculative_calls_answer_as_serial_greedy_and_count_their_drafts() {
+    let dir = fixture();
+    let mut config = Config::for_model(&dir);
+    let stop_ids = ModelBackend::load(&config).unwrap().stop_ids().to_vec();
+    let want = serial_texts(&dir, &stop_ids);
+    config.batch_width = 1;
+    // One-token n-grams: the random fixture seldom repeats longer ones.
+    config.speculate = Some(memexec::config::Speculate {
+        max_drafts: 4,
+        ngram: 1,
+    });
+    config.validate().unwrap();
+    let engine = Engine::new(config).unwrap();
+    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
+        let got = engine
+            .call(
+                stage,
+                input,
+                CallOptions {
+                    max_tokens: Some(max_tokens),
+                },
+            )
+            .unwrap();
+        assert_eq!(&got.text, want, "stage {stage}");
+    }
+    // A longer answer (pipelined stretches; the random fixture's output rarely repeats a
+    // token, so drafting itself is covered by tests/speculative.rs).
+    let long = LocalInput::user(
+        (0..160)
+            .map(|i| format!("w{}", i * 7 % 61))
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    let model = Model::load_with(&dir, WeightChoice::Auto).unwrap();
+    let prompter = Prompter::from_dir(&dir).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 48,
+        stop_ids: Some(stop_ids.clone()),
+        ..GenerateOptions::default()
+    };
+    let ids = prompter.prompt_ids("entity", &long).unwrap();
+    let serial = greedy(&model, &ids, opts).unwrap();
+    let got = engine
+        .call(
+            "entity",
+            long,
+            CallOptions {
+                max_tokens: Some(48),
+            },
+        )
+        .unwrap();
+    assert_eq!(got.ids, serial.ids);
+    let stats = engine.stats();
+    assert_eq!(stats.mode, "serial, speculative k4");
+    let s = stats.speculation.expect("speculation counts");
+    eprintln!("{s:?}");
+    assert!(s.steps > 0 && s.accepted <= s.drafted, "{s:?}");
+    let json = serde_json::to_value(&stats).unwrap();
+    assert_eq!(json["speculation"]["steps"], s.steps);
+}

@@ -23,6 +23,8 @@ export interface Config {
   stages?: Record<string, { adapter?: string; system?: string }>;
   batch_width?: number;
   device?: "default" | "cpu" | "gpu";
+  /** Speculative decoding with exact verification (needs batch_width 1). */
+  speculate?: { max_drafts: number; ngram?: number };
   limits?: {
     max_batch?: number;
     max_tokens_cap?: number;
@@ -44,6 +46,8 @@ export interface Stats {
   prefill_seconds: number;
   decode_seconds: number;
   peak_memory_bytes: number;
+  /** With `speculate` configured: draft counts of the finished calls. */
+  speculation?: { steps: number; steps_with_drafts: number; drafted: number; accepted: number };
 }
 
 /** A chat message. */

@@ -279,6 +279,9 @@ fn serve(
         if let (Some(peak), Ok(mut s)) = (backend.peak_memory(), stats.lock()) {
             s.peak_memory_bytes = peak;
         }
+        if let (Some(drafts), Ok(mut s)) = (backend.speculation(), stats.lock()) {
+            s.speculation = Some(drafts);
+        }
         if intake.saw_shutdown() {
             break;
         }

@@ -8,6 +8,7 @@ use mlx_rs::Device;
 
 use super::backend::{Backend, BackendInfo, Generate};
 use super::request::{Completion, Job, StopReason};
+use super::speculative::{greedy_speculative_until, Drafts, SpeculateOptions, SpeculationStats};
 use crate::config::{Config, DeviceChoice};
 use crate::generate::{greedy_until, GenerateOptions, StopReason as GenStop, PREFILL_STEP};
 use crate::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
@@ -25,6 +26,10 @@ pub struct ModelBackend {
     stop_ids: Vec<u32>,
     max_prompt_tokens: usize,
     prompt_limit_why: &'static str,
+    /// Set: calls decode speculatively (the same ids, fewer steps where drafts match).
+    speculate: Option<SpeculateOptions>,
+    /// Draft counts over every call so far.
+    speculation: SpeculationStats,
 }
 
 /// The loader [`super::Engine::new`] runs on the engine thread.
@@ -113,6 +118,11 @@ impl ModelBackend {
             stop_ids,
             max_prompt_tokens,
             prompt_limit_why,
+            speculate: config.speculate.map(|s| SpeculateOptions {
+                drafts: Drafts::Lookup { ngram: s.ngram },
+                max_drafts: s.max_drafts,
+            }),
+            speculation: SpeculationStats::default(),
         })
     }
 
@@ -161,7 +171,10 @@ impl ModelBackend {
 impl Generate for ModelBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
-            mode: "serial".into(),
+            mode: match &self.speculate {
+                None => "serial".into(),
+                Some(s) => format!("serial, speculative k{}", s.max_drafts),
+            },
             max_context: self.model.info().max_context,
             weights: self.model.info().weight_form.name().into(),
             prompter: Some(self.prompter.clone()),
@@ -182,10 +195,19 @@ impl Generate for ModelBackend {
             stop_ids: Some(self.stop_ids.clone()),
             adapters: Activation::per_row(self.adapters.clone(), vec![stack])?,
         };
-        let g = greedy_until(&self.model, &prompt, opts, || match job.interruption() {
+        let interrupted = || match job.interruption() {
             Some(e) => Err(e),
             None => Ok(()),
-        })?;
+        };
+        let g = match &self.speculate {
+            None => greedy_until(&self.model, &prompt, opts, interrupted)?,
+            Some(spec) => {
+                let (g, s) =
+                    greedy_speculative_until(&self.model, &prompt, opts, spec, interrupted)?;
+                self.speculation += s;
+                g
+            }
+        };
         let stop = match g.stop {
             GenStop::Eos(_) => StopReason::Eos,
             GenStop::MaxTokens => StopReason::MaxTokens,
@@ -202,5 +224,9 @@ impl Generate for ModelBackend {
 
     fn peak_memory(&self) -> Option<u64> {
         mlx_rs::memory::peak_memory().ok().map(|b| b as u64)
+    }
+
+    fn speculation(&self) -> Option<SpeculationStats> {
+        self.speculate.as_ref().map(|_| self.speculation)
     }
 }

@@ -70,7 +70,7 @@ impl Default for SpeculateOptions {
 }
 
 /// What the drafts of a [`greedy_speculative`] run did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SpeculationStats {
     /// Decode steps (each verifies zero or more drafts).
     pub steps: usize,
@@ -80,6 +80,15 @@ pub struct SpeculationStats {
     pub drafted: usize,
     /// Draft tokens that were the serial token (each saved a step).
     pub accepted: usize,
+}
+
+impl std::ops::AddAssign for SpeculationStats {
+    fn add_assign(&mut self, o: SpeculationStats) {
+        self.steps += o.steps;
+        self.steps_with_drafts += o.steps_with_drafts;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+    }
 }
 
 /// The tokens that followed the latest earlier occurrence of `text`'s last `n`-gram (longest
@@ -131,6 +140,18 @@ pub fn greedy_speculative(
     prompt: &[u32],
     opts: GenerateOptions,
     spec: &SpeculateOptions,
+) -> Result<(Generation, SpeculationStats)> {
+    greedy_speculative_until(model, prompt, opts, spec, || Ok(()))
+}
+
+/// [`greedy_speculative`], asking `interrupted` before each step is queued: an error from it
+/// ends the generation with that error (the engine's cancellation and shutdown checks).
+pub fn greedy_speculative_until(
+    model: &Model,
+    prompt: &[u32],
+    opts: GenerateOptions,
+    spec: &SpeculateOptions,
+    mut interrupted: impl FnMut() -> Result<()>,
 ) -> Result<(Generation, SpeculationStats)> {
     let stop_ids = opts.stop_ids_for(model);
     let max_drafts = spec.max_drafts.min(MAX_DRAFTS);
@@ -196,10 +217,12 @@ pub fn greedy_speculative(
             // as the text drafts nothing. The step fed the first token that drafts again is
             // already queued without drafts: one drafting chance lost per stretch, against a
             // device wait saved on every step of it.
+            interrupted()?;
             let mut pending = one_step(&mut seq, &ids_array(&[token], &[1, 1])?, &mut profile)?;
             token = loop {
                 let more = generated(&text) + 1 < opts.max_tokens && draft(&text, 1).is_empty();
                 let next = if more {
+                    interrupted()?;
                     Some(one_step(
                         &mut seq,
                         &pending.reshape(&[1, 1])?,
@@ -224,6 +247,7 @@ pub fn greedy_speculative(
             };
             continue;
         }
+        interrupted()?;
         let t0 = Instant::now();
         let adapters = &opts.adapters;
         let (picks, mut drafts) = verify(model, &mut seq, &kv, token, &drafted, &base, adapters)?;

@@ -33,6 +33,10 @@ pub struct Stats {
     pub decode_seconds: f64,
     /// MLX's peak memory in bytes, as of the last finished engine run.
     pub peak_memory_bytes: u64,
+    /// Where calls decode speculatively (`speculate` in the config): the draft counts of the
+    /// finished calls, as of the last finished engine run; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<super::speculative::SpeculationStats>,
 }
 
 impl Stats {

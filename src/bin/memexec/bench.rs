@@ -159,10 +159,7 @@ fn run_serial(
         let g = match (spec, speculation.as_mut()) {
             (Some(spec), Some(total)) => {
                 let (g, s) = greedy_speculative(backend.model(), p, opts, spec)?;
-                total.steps += s.steps;
-                total.steps_with_drafts += s.steps_with_drafts;
-                total.drafted += s.drafted;
-                total.accepted += s.accepted;
+                *total += s;
                 g
             }
             _ => greedy(backend.model(), p, opts)?,
