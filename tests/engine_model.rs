@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use memexec::config::Config;
-use memexec::engine::{CallOptions, Engine, LocalInput, ModelBackend};
+use memexec::engine::{CallOptions, Completion, Engine, LocalInput, ModelBackend};
 use memexec::generate::{greedy, GenerateOptions};
 use memexec::model::{Model, WeightChoice};
 use memexec::prompt::Prompter;
@@ -56,6 +56,19 @@ fn serial_texts(dir: &std::path::Path, stop_ids: &[u32]) -> Vec<String> {
         .collect()
 }
 
+/// One call with `max_tokens`, unwrapped.
+fn call(engine: &Engine, stage: &str, input: LocalInput, max_tokens: usize) -> Completion {
+    engine
+        .call(
+            stage,
+            input,
+            CallOptions {
+                max_tokens: Some(max_tokens),
+            },
+        )
+        .unwrap()
+}
+
 #[test]
 fn engine_answers_equal_serial_greedy_in_every_mode_of_calling() {
     let dir = fixture();
@@ -65,15 +78,7 @@ fn engine_answers_equal_serial_greedy_in_every_mode_of_calling() {
     let engine = Arc::new(Engine::new(config).unwrap());
 
     for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
-        let got = engine
-            .call(
-                stage,
-                input,
-                CallOptions {
-                    max_tokens: Some(max_tokens),
-                },
-            )
-            .unwrap();
+        let got = call(&engine, stage, input, max_tokens);
         assert_eq!(&got.text, want, "stage {stage}");
         assert!(got.ids.len() <= max_tokens);
     }
@@ -91,18 +96,7 @@ fn engine_answers_equal_serial_greedy_in_every_mode_of_calling() {
         .unwrap();
     let one_by_one: Vec<String> = batch
         .into_iter()
-        .map(|i| {
-            engine
-                .call(
-                    "entity",
-                    i,
-                    CallOptions {
-                        max_tokens: Some(3),
-                    },
-                )
-                .unwrap()
-                .text
-        })
+        .map(|i| call(&engine, "entity", i, 3).text)
         .collect();
     assert_eq!(
         got.iter().map(|c| c.text.clone()).collect::<Vec<_>>(),
@@ -116,16 +110,7 @@ fn engine_answers_equal_serial_greedy_in_every_mode_of_calling() {
         .map(|((stage, input, max_tokens), want)| {
             let e = engine.clone();
             std::thread::spawn(move || {
-                let got = e
-                    .call(
-                        stage,
-                        input,
-                        CallOptions {
-                            max_tokens: Some(max_tokens),
-                        },
-                    )
-                    .unwrap();
-                assert_eq!(got.text, want);
+                assert_eq!(call(&e, stage, input, max_tokens).text, want);
             })
         })
         .collect();
@@ -257,15 +242,7 @@ fn speculative_calls_answer_as_serial_greedy_and_count_their_drafts() {
     config.validate().unwrap();
     let engine = Engine::new(config).unwrap();
     for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
-        let got = engine
-            .call(
-                stage,
-                input,
-                CallOptions {
-                    max_tokens: Some(max_tokens),
-                },
-            )
-            .unwrap();
+        let got = call(&engine, stage, input, max_tokens);
         assert_eq!(&got.text, want, "stage {stage}");
     }
     // A longer answer (pipelined stretches; the random fixture's output rarely repeats a
@@ -285,15 +262,7 @@ fn speculative_calls_answer_as_serial_greedy_and_count_their_drafts() {
     };
     let ids = prompter.prompt_ids("entity", &long).unwrap();
     let serial = greedy(&model, &ids, opts).unwrap();
-    let got = engine
-        .call(
-            "entity",
-            long,
-            CallOptions {
-                max_tokens: Some(48),
-            },
-        )
-        .unwrap();
+    let got = call(&engine, "entity", long, 48);
     assert_eq!(got.ids, serial.ids);
     let stats = engine.stats();
     assert_eq!(stats.mode, "serial, speculative k4");

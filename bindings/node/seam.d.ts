@@ -10,6 +10,8 @@ export interface Config {
   stages?: Record<string, { adapter?: string; system?: string }>;
   batch_width?: number;
   device?: "default" | "cpu" | "gpu";
+  /** Speculative decoding with exact verification (needs batch_width 1). */
+  speculate?: { max_drafts: number; ngram?: number };
   limits?: { max_batch?: number; max_tokens_cap?: number; default_max_tokens?: number; max_prompt_tokens?: number | null };
 }
 
