@@ -220,7 +220,8 @@ pub fn greedy_speculative_until(
             interrupted()?;
             let mut pending = one_step(&mut seq, &ids_array(&[token], &[1, 1])?, &mut profile)?;
             token = loop {
-                let more = generated(&text) + 1 < opts.max_tokens && draft(&text, 1).is_empty();
+                let more = generated(&text) + 1 < opts.max_tokens
+                    && draft(&text, max_drafts.min(1)).is_empty();
                 let next = if more {
                     interrupted()?;
                     Some(one_step(
