@@ -70,6 +70,15 @@ pub struct Speculate {
     pub ngram: usize,
 }
 
+impl Speculate {
+    /// The decoding options this section asks for, checked (see
+    /// [`crate::engine::speculative::SpeculateOptions::new`]).
+    pub fn options(&self) -> Result<crate::engine::speculative::SpeculateOptions> {
+        use crate::engine::speculative::{Drafts, SpeculateOptions};
+        SpeculateOptions::new(Drafts::Lookup { ngram: self.ngram }, self.max_drafts)
+    }
+}
+
 fn default_ngram() -> usize {
     3
 }
@@ -203,13 +212,13 @@ impl Config {
             ));
         }
         if let Some(s) = &self.speculate {
-            let most = crate::engine::speculative::MAX_DRAFTS;
-            if !(1..=most).contains(&s.max_drafts) || s.ngram == 0 {
-                return Err(Error::InvalidConfig(format!(
-                    "`speculate.max_drafts` must be 1 to {most} on this platform and `speculate.ngram` at least 1 (got {} and {})",
+            s.options().map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidConfig(format!(
+                    "`speculate` (max_drafts {}, ngram {}): {m}",
                     s.max_drafts, s.ngram
-                )));
-            }
+                )),
+                e => e,
+            })?;
             if self.batch_width != 1 {
                 return Err(Error::InvalidConfig(format!(
                     "`speculate` needs `batch_width` 1 (got {}): the batched decoder does not verify drafts",

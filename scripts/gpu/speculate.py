@@ -3,27 +3,42 @@
 Runs THERE through scripts/gpu/remote.sh (or here on a fixture). Per round: plain greedy on the
 prompt (the reference ids and the serial tok/s), then --speculate with prompt-lookup drafts,
 then --speculate K --drafts-from <the reference ids> for each K (every draft right: the
-ceiling of the mechanism's speed). Every run's ids must equal the reference's; exit 1 if not.
+ceiling of the mechanism's speed), and with `--wrong N` also drafts from the reference ids with
+every Nth one replaced (partly right drafts: how speculation fares when a step's later drafts
+miss). `--arms` repeats the speculative configs under extra environment settings (e.g.
+`rows1:MEMEXEC_ROWS_PER_PRODUCT=1`). Every run's ids must equal the reference's; exit 1 if not.
 Every timed run first generates once untimed in the same process (`--warmup 1`): the first use
 of each step shape compiles kernels and captures CUDA graphs, and each run is a fresh process.
 
 usage: speculate.py MEMEXEC MODEL_DIR [--len 400] [--tokens 128] [--ks 1,2,4,6] [--rounds 2]
-       [--out FILE]
+       [--no-lookup] [--wrong N] [--arms NAME:VAR=VAL[;VAR=VAL],...] [--out FILE]
 """
 import argparse
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
 import time
 
 
-def run(memexec, model, prompt, tokens, extra):
+def run(memexec, model, prompt, tokens, extra, env=None):
     cmd = [memexec, "generate", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
            "--max-tokens", str(tokens), "--ignore-eos", "--json", "--warmup", "1"] + extra
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}).stdout
     return json.loads(out)
+
+
+def parse_arms(text):
+    """`name:VAR=VAL;VAR=VAL,name2:...` -> [(name, {VAR: VAL})], the default arm first."""
+    arms = [("default", {})]
+    for item in filter(None, (text or "").split(",")):
+        name, _, settings = item.partition(":")
+        env = dict(kv.split("=", 1) for kv in settings.split(";") if kv)
+        arms.append((name, env))
+    return arms
 
 
 def main():
@@ -35,6 +50,10 @@ def main():
     ap.add_argument("--ks", default="1,2,4,6")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=200000)
+    ap.add_argument("--no-lookup", action="store_true", help="skip the prompt-lookup config")
+    ap.add_argument("--wrong", type=int, default=0,
+                    help="also draft from the reference with every Nth id replaced")
+    ap.add_argument("--arms", default="", help="extra environments for the speculative configs")
     ap.add_argument("--out")
     a = ap.parse_args()
     r = random.Random(0)
@@ -43,13 +62,22 @@ def main():
     ref = run(a.memexec, a.model, prompt, a.tokens, [])
     ids = ref["ids"]
     given = ["--drafts-from", ",".join(map(str, ids))]
-    configs = [("serial", [])] + [("lookup4", ["--speculate", "4"])] + [
-        (f"given{k}", ["--speculate", str(k)] + given) for k in ks]
+    spec = [] if a.no_lookup else [("lookup4", ["--speculate", "4"])]
+    spec += [(f"given{k}", ["--speculate", str(k)] + given) for k in ks]
+    if a.wrong:
+        # Position i drafts output token i: every Nth draft is a token the model did not pick.
+        wrong = [t if (i + 1) % a.wrong else (t + 1) % a.vocab for i, t in enumerate(ids)]
+        spec += [(f"given{k}-wrong{a.wrong}",
+                  ["--speculate", str(k), "--drafts-from", ",".join(map(str, wrong))])
+                 for k in ks]
+    configs = [("serial", [], {})] + [
+        (name if arm == "default" else f"{name}@{arm}", extra, env)
+        for arm, env in parse_arms(a.arms) for name, extra in spec]
     rows, ok = [], True
     for rnd in range(1, a.rounds + 1):
-        for name, extra in configs:
+        for name, extra, env in configs:
             t = time.time()
-            d = run(a.memexec, a.model, prompt, a.tokens, extra)
+            d = run(a.memexec, a.model, prompt, a.tokens, extra, env)
             same = d["ids"] == ids
             ok &= same
             p = d["decode_profile_ms_per_step"]

@@ -289,8 +289,9 @@ impl<'a> Decoder<'a> {
         self
     }
 
-    /// At most this many rows per quantized product in a decode forward (more run as row
-    /// chunks, see [`ForwardCtx::product_rows`]). Why: a row's logits must not depend on how
+    /// At most this many rows per MLX quantized product in a decode forward (more run as
+    /// row chunks, see [`ForwardCtx::product_rows`]; products the row-exact kernel takes,
+    /// [`Decoder::product_kernel`], are not cut). Why: a row's logits must not depend on how
     /// many rows share its forward, and MLX's quantized matmul picks its GPU kernel by row
     /// count (CUDA: the row-wise `qmv` kernel, the serial path's, while rows < 8; a tiled
     /// `qmm` kernel, which rounds differently, from 8 rows on; `gather_qmm` switches the same
@@ -308,9 +309,9 @@ impl<'a> Decoder<'a> {
         self
     }
 
-    /// Whether products of more rows than [`Decoder::rows_per_product`] run as one node of
-    /// memexec's row-exact CUDA kernel instead of row chunks (see
-    /// [`ForwardCtx::product_kernel`]). Default: on a GPU where
+    /// Whether one-position products of two or more rows run as one node of memexec's
+    /// row-exact CUDA kernel instead of MLX's product in chunks of at most
+    /// [`Decoder::rows_per_product`] rows (see [`ForwardCtx::product_kernel`]). Default: on a GPU where
     /// [`crate::model::quantized_rows::available`] (the kernel runs and matches MLX's one-row
     /// product at start-up; `MEMEXEC_PRODUCT_KERNEL=0` turns it off), never on the CPU.
     pub fn product_kernel(&self) -> bool {

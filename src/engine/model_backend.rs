@@ -8,7 +8,7 @@ use mlx_rs::Device;
 
 use super::backend::{Backend, BackendInfo, Generate};
 use super::request::{Completion, Job, StopReason};
-use super::speculative::{greedy_speculative_until, Drafts, SpeculateOptions, SpeculationStats};
+use super::speculative::{greedy_speculative_until, SpeculateOptions, SpeculationStats};
 use crate::config::{Config, DeviceChoice};
 use crate::generate::{greedy_until, GenerateOptions, StopReason as GenStop, PREFILL_STEP};
 use crate::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
@@ -118,10 +118,7 @@ impl ModelBackend {
             stop_ids,
             max_prompt_tokens,
             prompt_limit_why,
-            speculate: config.speculate.map(|s| SpeculateOptions {
-                drafts: Drafts::Lookup { ngram: s.ngram },
-                max_drafts: s.max_drafts,
-            }),
+            speculate: config.speculate.map(|s| s.options()).transpose()?,
             speculation: SpeculationStats::default(),
         })
     }

@@ -60,6 +60,25 @@ pub struct SpeculateOptions {
     pub max_drafts: usize,
 }
 
+impl SpeculateOptions {
+    /// Options drafting from `drafts`, at most `max_drafts` per step: an error unless
+    /// `max_drafts` is 1 to [`MAX_DRAFTS`] and a lookup's n-gram is at least 1 (the one check
+    /// behind the engine's `speculate` config and the CLI's `--speculate`).
+    pub fn new(drafts: Drafts, max_drafts: usize) -> Result<SpeculateOptions> {
+        if !(1..=MAX_DRAFTS).contains(&max_drafts) {
+            return Err(Error::InvalidArgument(format!(
+                "{max_drafts} drafts per step: 1 to {MAX_DRAFTS} on this platform"
+            )));
+        }
+        if matches!(drafts, Drafts::Lookup { ngram: 0 }) {
+            return Err(Error::InvalidArgument(
+                "a lookup n-gram must be at least 1 token".into(),
+            ));
+        }
+        Ok(SpeculateOptions { drafts, max_drafts })
+    }
+}
+
 impl Default for SpeculateOptions {
     fn default() -> Self {
         SpeculateOptions {
@@ -327,6 +346,18 @@ fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn options_take_one_to_max_drafts_and_a_positive_ngram() {
+        let lookup = |ngram| Drafts::Lookup { ngram };
+        assert!(SpeculateOptions::new(lookup(3), 1).is_ok());
+        assert!(SpeculateOptions::new(lookup(1), MAX_DRAFTS).is_ok());
+        assert!(SpeculateOptions::new(Drafts::Continuation(vec![]), 2).is_ok());
+        for (drafts, max) in [(lookup(3), 0), (lookup(3), MAX_DRAFTS + 1), (lookup(0), 2)] {
+            let e = SpeculateOptions::new(drafts, max).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        }
+    }
 
     #[test]
     fn lookup_takes_the_latest_longest_match() {

@@ -27,19 +27,25 @@ pub(super) struct QuantizedMatrix {
 impl QuantizedMatrix {
     /// `x W^T` over the last axis of `x`, through MLX's quantized kernel: the one place a
     /// packed product is built, so a lone layer and a fused group (see
-    /// [`super::linear_group`]) run the very same operation. A one-position input of more
-    /// rows than [`ForwardCtx::product_rows`] runs through memexec's row-exact kernel where
-    /// [`ForwardCtx::product_kernel`] allows it and the weights suit it
-    /// ([`super::quantized_rows`]), else as balanced row chunks.
+    /// [`super::linear_group`]) run the very same operation. A one-position input of two or
+    /// more rows runs through memexec's row-exact kernel where [`ForwardCtx::product_kernel`]
+    /// allows it and the weights suit it ([`super::quantized_rows`]); otherwise one of more
+    /// rows than [`ForwardCtx::product_rows`] runs as balanced row chunks.
     pub(super) fn matmul(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
         let rows = x.dim(0).max(1) as usize;
+        let one_position = x.ndim() == 3 && x.dim(1) == 1;
+        // The kernel also below MLX's own row limit, where MLX's `qmv` would give the same
+        // bits: `qmv` runs one row per block and so reads the weights once per row, the kernel
+        // once per eight rows. H200, session 21: a verification step of 5 rows waited 13.2 ->
+        // 5.6 ms for the device (right drafts 198 -> 230 tok/s), EXTRACT at width 4 3605 /
+        // 3710 -> 2925 / 3343 ms; width 2 unchanged (4701 / 5070 vs 5285 / 4934 ms).
+        if one_position && rows > 1 && ctx.product_kernel {
+            if let Some(y) = super::quantized_rows::product(x, self)? {
+                return Ok(y);
+            }
+        }
         match ctx.product_rows {
-            Some(max) if x.ndim() == 3 && x.dim(1) == 1 && rows > max.max(1) => {
-                if ctx.product_kernel {
-                    if let Some(y) = super::quantized_rows::product(x, self)? {
-                        return Ok(y);
-                    }
-                }
+            Some(max) if one_position && rows > max.max(1) => {
                 let chunks = rows.div_ceil(max.max(1));
                 let bounds: Vec<i32> = (1..chunks).map(|i| (i * rows / chunks) as i32).collect();
                 let parts = x

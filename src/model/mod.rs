@@ -64,10 +64,11 @@ pub struct ForwardCtx {
     /// and a batched row must get the bits of its serial step. `None`: no limit (the CPU,
     /// whose kernel computes each row alone at any count).
     pub product_rows: Option<usize>,
-    /// Products of more rows than [`ForwardCtx::product_rows`] run as ONE node of memexec's
-    /// CUDA kernel that gives every row the bits of MLX's one-row product
-    /// ([`quantized_rows`]) instead of row chunks, where the weights suit it. Set only where
-    /// [`quantized_rows::available`] says the kernel runs and matches MLX.
+    /// One-position products of two or more rows run as ONE node of memexec's CUDA kernel
+    /// that gives every row the bits of MLX's one-row product ([`quantized_rows`]) instead of
+    /// MLX's product (or its row chunks past [`ForwardCtx::product_rows`]), where the weights
+    /// suit it. Set only where [`quantized_rows::available`] says the kernel runs and matches
+    /// MLX.
     pub product_kernel: bool,
     /// Rows of a one-position forward that hold the same number of keys attend in one op
     /// over their stacked keys (see [`attention::attend_rows`]) instead of one op per row.

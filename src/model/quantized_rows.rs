@@ -10,11 +10,12 @@
 //! H200 100% of elements bit-equal for every e4b product shape at 1-16 rows:
 //! `scripts/gpu/quantized_rows.py`), in ONE node for any row count.
 //!
-//! Used by [`super::linear`] for one-position inputs of more rows than
-//! [`super::ForwardCtx::product_rows`] when [`super::ForwardCtx::product_kernel`] is on (the
-//! batched decoder turns it on where [`available`] says the kernel runs and matches MLX
-//! here). Only 4-bit affine weights with groups of 32 / 64 / 128 (MLX's 8-bit one-row
-//! product rounds otherwise); anything else keeps the chunks.
+//! Used by [`super::linear`] for one-position inputs of two or more rows when
+//! [`super::ForwardCtx::product_kernel`] is on (the batched decoder and speculative
+//! verification turn it on where [`available`] says the kernel runs and matches MLX here):
+//! also below 8 rows, where MLX's `qmv` would give the same bits but reads the weights once
+//! per row. Only 4-bit affine weights with groups of 32 / 64 / 128 (MLX's 8-bit one-row
+//! product rounds otherwise); anything else keeps MLX's product in row chunks.
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 

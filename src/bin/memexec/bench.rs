@@ -11,7 +11,7 @@ use memexec::bench::workloads;
 use memexec::config::Config;
 use memexec::engine::scheduler::Limits;
 use memexec::engine::speculative::{
-    greedy_speculative, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS,
+    greedy_speculative, Drafts, SpeculateOptions, SpeculationStats,
 };
 use memexec::engine::{Decoder, LocalInput, ModelBackend, RowRequest};
 use memexec::generate::{greedy, DecodeProfile, GenerateOptions};
@@ -224,10 +224,7 @@ fn measure(
     let m = match mode {
         Mode::Serial => run_serial(backend, prompts, max_tokens, None)?,
         Mode::Speculative { drafts, ngram } => {
-            let spec = SpeculateOptions {
-                drafts: Drafts::Lookup { ngram },
-                max_drafts: drafts,
-            };
+            let spec = SpeculateOptions::new(Drafts::Lookup { ngram }, drafts)?;
             run_serial(backend, prompts, max_tokens, Some(&spec))?
         }
         Mode::Batched(w) => run_batched(backend, prompts, max_tokens, w)?,
@@ -326,11 +323,16 @@ fn mlx_lm(args: &Args, wls: &[Value], device: &str) -> Result<Value> {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.speculate > MAX_DRAFTS {
-        return Err(Error::InvalidArgument(format!(
-            "--speculate {}: at most {MAX_DRAFTS} drafts per step on this platform",
-            args.speculate
-        )));
+    if args.speculate > 0 {
+        // Checked before the model loads (seconds to minutes), not at the first measurement.
+        SpeculateOptions::new(Drafts::Lookup { ngram: args.ngram }, args.speculate).map_err(
+            |e| match e {
+                Error::InvalidArgument(m) => {
+                    Error::InvalidArgument(format!("--speculate / --ngram: {m}"))
+                }
+                e => e,
+            },
+        )?;
     }
     let t0 = Instant::now();
     let mut config = Config::for_model(&args.model);

@@ -5,7 +5,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use memexec::engine::speculative::{
-    greedy_speculative, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS,
+    greedy_speculative, Drafts, SpeculateOptions, SpeculationStats,
 };
 use memexec::generate::{greedy, GenerateOptions, Generation, StopReason};
 use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
@@ -236,21 +236,15 @@ fn generation(
     if args.speculate == 0 {
         return Ok((greedy(model, prompt, opts)?, None));
     }
-    if args.speculate > MAX_DRAFTS {
-        return Err(Error::InvalidArgument(format!(
-            "--speculate {}: at most {MAX_DRAFTS} drafts per step on this platform",
-            args.speculate
-        )));
-    }
     let drafts = if args.drafts_from.is_empty() {
         Drafts::Lookup { ngram: args.ngram }
     } else {
         Drafts::Continuation(args.drafts_from.clone())
     };
-    let spec = SpeculateOptions {
-        drafts,
-        max_drafts: args.speculate,
-    };
+    let spec = SpeculateOptions::new(drafts, args.speculate).map_err(|e| match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("--speculate: {m}")),
+        e => e,
+    })?;
     let (g, stats) = greedy_speculative(model, prompt, opts, &spec)?;
     Ok((g, Some(stats)))
 }
