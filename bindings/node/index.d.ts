@@ -63,6 +63,18 @@ export interface Prompt {
   ids: Array<number>
 }
 
+/** What the drafts of speculative calls did (`Stats.speculation`). */
+export interface SpeculationStats {
+  /** Decode steps (each verifies zero or more drafts). */
+  steps: number
+  /** Steps that had at least one draft. */
+  stepsWithDrafts: number
+  /** Draft tokens fed. */
+  drafted: number
+  /** Draft tokens that were the serial token (each saved a step). */
+  accepted: number
+}
+
 /** Counters since start-up. */
 export interface Stats {
   mode: string
@@ -76,4 +88,6 @@ export interface Stats {
   prefillSeconds: number
   decodeSeconds: number
   peakMemoryBytes: number
+  /** Draft counts where calls decode speculatively (`speculate` in the config). */
+  speculation?: SpeculationStats
 }

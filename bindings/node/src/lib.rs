@@ -48,6 +48,21 @@ pub struct Stats {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub peak_memory_bytes: f64,
+    /// Draft counts where calls decode speculatively (`speculate` in the config).
+    pub speculation: Option<SpeculationStats>,
+}
+
+/// What the drafts of speculative calls did (`Stats.speculation`).
+#[napi(object)]
+pub struct SpeculationStats {
+    /// Decode steps (each verifies zero or more drafts).
+    pub steps: f64,
+    /// Steps that had at least one draft.
+    pub steps_with_drafts: f64,
+    /// Draft tokens fed.
+    pub drafted: f64,
+    /// Draft tokens that were the serial token (each saved a step).
+    pub accepted: f64,
 }
 
 fn input(i: LocalInput) -> EngineInput {
@@ -262,6 +277,12 @@ impl Engine {
             prefill_seconds: s.prefill_seconds,
             decode_seconds: s.decode_seconds,
             peak_memory_bytes: s.peak_memory_bytes as f64,
+            speculation: s.speculation.map(|p| SpeculationStats {
+                steps: p.steps as f64,
+                steps_with_drafts: p.steps_with_drafts as f64,
+                drafted: p.drafted as f64,
+                accepted: p.accepted as f64,
+            }),
         }
     }
 

@@ -1,6 +1,6 @@
 // The addon's seam on the tiny fixture: answers equal the Rust API's serial greedy texts (oracle
 // written by scripts/host-oracle.sh), batch order, empty batch, and the event loop keeps running
-// during a 200-token call. Runs under `node --test` and `bun test`.
+// during a 200-token call, a speculative engine. Runs under `node --test` and `bun test`.
 "use strict";
 const { test, before, after } = require("node:test");
 const assert = require("node:assert/strict");
@@ -53,4 +53,21 @@ test("bad input rejects with a status code; the engine stays usable", async () =
   await assert.rejects(seam.callLocal("x", { user: "a" }, { maxTokens: 0 }), (e) => e.code === "MEMEXEC_STATUS_INVALID_ARGUMENT");
   const c = oracle.cases[0];
   assert.equal(await seam.callLocal(c.stage, c.input, { maxTokens: c.max_tokens }), c.text);
+});
+
+test("a speculative engine answers as serial greedy and reports its draft counts", async () => {
+  const { open } = require("../index.js");
+  const config = { model_dir: oracle.model_dir, batch_width: 1, speculate: { max_drafts: 3 } };
+  const engine = await open(JSON.stringify(config));
+  try {
+    const l = oracle.long;
+    assert.equal(await engine.call(l.stage, l.input, { maxTokens: l.max_tokens }), l.text);
+    const s = engine.stats();
+    assert.match(s.mode, /speculative k3/);
+    assert.ok(s.speculation, "stats carry no speculation counts");
+    assert.ok(s.speculation.steps > 0 && s.speculation.steps <= l.tokens, JSON.stringify(s.speculation));
+    assert.ok(s.speculation.accepted <= s.speculation.drafted, JSON.stringify(s.speculation));
+  } finally {
+    engine.close();
+  }
 });
