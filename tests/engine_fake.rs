@@ -72,6 +72,7 @@ impl Generate for Fake {
             prompt_tokens: job.input.user.len(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            speculation: None,
         })
     }
 }
@@ -336,6 +337,7 @@ impl Backend for Stepper {
                         stop: StopReason::MaxTokens,
                         prefill_time: Duration::ZERO,
                         decode_time: Duration::ZERO,
+                        speculation: None,
                     }));
                 } else {
                     still.push((job, steps + 1));

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use super::request::Job;
-use super::speculative::SpeculationStats;
 
 /// What the engine thread drives. Implementations live on the engine thread only, so they need
 /// not be `Send` after construction (they are built on that thread by the loader).
@@ -24,11 +23,6 @@ pub trait Backend {
 
     /// MLX's peak memory in bytes, if the backend can tell.
     fn peak_memory(&self) -> Option<u64> {
-        None
-    }
-
-    /// Draft counts over every call so far, where calls decode speculatively.
-    fn speculation(&self) -> Option<SpeculationStats> {
         None
     }
 }
@@ -114,11 +108,6 @@ pub trait Generate {
     fn peak_memory(&self) -> Option<u64> {
         None
     }
-
-    /// Draft counts over every job so far, where jobs decode speculatively.
-    fn speculation(&self) -> Option<SpeculationStats> {
-        None
-    }
 }
 
 /// The reference scheduling: one job after another, in arrival order, admitting newly queued
@@ -144,9 +133,5 @@ impl<G: Generate> Backend for Serial<G> {
 
     fn peak_memory(&self) -> Option<u64> {
         self.0.peak_memory()
-    }
-
-    fn speculation(&self) -> Option<SpeculationStats> {
-        self.0.speculation()
     }
 }

@@ -698,6 +698,7 @@ impl Batched {
             stop: out.stop,
             prefill_time: out.prefill_time,
             decode_time: out.decode_time,
+            speculation: None,
         })
     }
 }

@@ -63,6 +63,7 @@ impl Engine {
         let closing = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(Stats {
             batch_width: config.batch_width,
+            speculation: config.speculate.map(|_| Default::default()),
             ..Stats::default()
         }));
         let thread = {
@@ -278,9 +279,6 @@ fn serve(
         }
         if let (Some(peak), Ok(mut s)) = (backend.peak_memory(), stats.lock()) {
             s.peak_memory_bytes = peak;
-        }
-        if let (Some(drafts), Ok(mut s)) = (backend.speculation(), stats.lock()) {
-            s.speculation = Some(drafts);
         }
         if intake.saw_shutdown() {
             break;

@@ -8,7 +8,7 @@ use mlx_rs::Device;
 
 use super::backend::{Backend, BackendInfo, Generate};
 use super::request::{Completion, Job, StopReason};
-use super::speculative::{greedy_speculative_until, SpeculateOptions, SpeculationStats};
+use super::speculative::{greedy_speculative_until, SpeculateOptions};
 use crate::config::{Config, DeviceChoice};
 use crate::generate::{greedy_until, GenerateOptions, StopReason as GenStop, PREFILL_STEP};
 use crate::lora::{Activation, AdapterId, AdapterRegistry, AdapterStack};
@@ -28,8 +28,6 @@ pub struct ModelBackend {
     prompt_limit_why: &'static str,
     /// Set: calls decode speculatively (the same ids, fewer steps where drafts match).
     speculate: Option<SpeculateOptions>,
-    /// Draft counts over every call so far.
-    speculation: SpeculationStats,
 }
 
 /// The loader [`super::Engine::new`] runs on the engine thread.
@@ -119,7 +117,6 @@ impl ModelBackend {
             max_prompt_tokens,
             prompt_limit_why,
             speculate: config.speculate.map(|s| s.options()).transpose()?,
-            speculation: SpeculationStats::default(),
         })
     }
 
@@ -196,13 +193,12 @@ impl Generate for ModelBackend {
             Some(e) => Err(e),
             None => Ok(()),
         };
-        let g = match &self.speculate {
-            None => greedy_until(&self.model, &prompt, opts, interrupted)?,
+        let (g, speculation) = match &self.speculate {
+            None => (greedy_until(&self.model, &prompt, opts, interrupted)?, None),
             Some(spec) => {
                 let (g, s) =
                     greedy_speculative_until(&self.model, &prompt, opts, spec, interrupted)?;
-                self.speculation += s;
-                g
+                (g, Some(s))
             }
         };
         let stop = match g.stop {
@@ -216,14 +212,11 @@ impl Generate for ModelBackend {
             stop,
             prefill_time: g.prefill_time,
             decode_time: g.decode_time,
+            speculation,
         })
     }
 
     fn peak_memory(&self) -> Option<u64> {
         mlx_rs::memory::peak_memory().ok().map(|b| b as u64)
-    }
-
-    fn speculation(&self) -> Option<SpeculationStats> {
-        self.speculate.as_ref().map(|_| self.speculation)
     }
 }

@@ -48,6 +48,11 @@ pub struct Completion {
     /// Time spent in decode steps.
     #[serde(skip)]
     pub decode_time: Duration,
+    /// What this call's drafts did, where it decoded speculatively (`speculate` in the
+    /// config); counted into [`super::Stats`] with the rest of the call, before its answer is
+    /// sent.
+    #[serde(skip)]
+    pub speculation: Option<super::speculative::SpeculationStats>,
 }
 
 /// Interrupts a request: set by a caller's cancel, or for every request when the engine closes.

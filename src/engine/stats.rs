@@ -34,7 +34,7 @@ pub struct Stats {
     /// MLX's peak memory in bytes, as of the last finished engine run.
     pub peak_memory_bytes: u64,
     /// Where calls decode speculatively (`speculate` in the config): the draft counts of the
-    /// finished calls, as of the last finished engine run; absent otherwise.
+    /// completed calls (zeros before the first); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculation: Option<super::speculative::SpeculationStats>,
 }
@@ -48,6 +48,9 @@ impl Stats {
                 self.tokens_out += c.ids.len() as u64;
                 self.prefill_seconds += c.prefill_time.as_secs_f64();
                 self.decode_seconds += c.decode_time.as_secs_f64();
+                if let Some(drafts) = c.speculation {
+                    *self.speculation.get_or_insert_with(Default::default) += drafts;
+                }
             }
             Err(Error::Cancelled | Error::Closed) => self.cancelled += 1,
             Err(_) => self.failed += 1,
