@@ -102,7 +102,14 @@ mkdir -p "$OUTD/send1" "$OUTD/send2" "$OUTD/send3" "$OUTD/stage"
 S1=$OUTD/send1
 S2=$OUTD/send2
 S3=$OUTD/send3
-split -b 44000000 -d -a 1 "$WHEELS/$CUDA_WHL" "$OUTD/stage/cuda.part"
+if [ "$NO_BINARY" = 0 ]; then
+  xz -T2 -6 -c "$BIN" >"$S1/memexec.xz"
+fi
+# Bundle 1 takes as much of the CUDA wheel as fits next to the binary (the tracked tree grows
+# with every benchmark folder, and bundle 2 holds the rest of the wheel and the other wheels);
+# 64 KiB stay for the manifest.
+part0=$((MAX_BYTES - $(du -k "$S1" | cut -f1) * 1024 - 65536))
+split -b "$part0" -d -a 1 "$WHEELS/$CUDA_WHL" "$OUTD/stage/cuda.part"
 nparts=$(ls "$OUTD/stage"/cuda.part* | wc -l)
 [ "$nparts" = 2 ] || die "expected the CUDA wheel in 2 parts, got $nparts"
 mv "$OUTD/stage/cuda.part0" "$S1/cuda.part0"
@@ -117,9 +124,6 @@ pack_fixture() { # name dest
 }
 pack_fixture tiny-gemma4-q4-f32 "$S3"
 [ "$BF16_FIXTURE" = 1 ] && pack_fixture tiny-gemma4-q4 "$S2"
-if [ "$NO_BINARY" = 0 ]; then
-  xz -T2 -6 -c "$BIN" >"$S1/memexec.xz"
-fi
 rm -rf "$OUTD/stage"
 
 # --- manifests: sha256 per file, the bundle count, one id for this prepare run
