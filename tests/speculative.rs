@@ -41,6 +41,8 @@ fn options(max_tokens: usize, adapters: Option<Activation>) -> GenerateOptions {
     }
 }
 
+/// The adaptive schedule's run (the default), after checking that the fixed schedule (every
+/// step up to `max_drafts` drafts) gives the same ids and stop.
 fn speculate(
     model: &Model,
     prompt: &[u32],
@@ -48,7 +50,38 @@ fn speculate(
     drafts: Drafts,
     max_drafts: usize,
 ) -> (Vec<u32>, StopReason, SpeculationStats) {
-    let spec = SpeculateOptions { drafts, max_drafts };
+    let fixed = speculate_with(
+        model,
+        prompt,
+        opts.clone(),
+        drafts.clone(),
+        max_drafts,
+        false,
+    );
+    let adaptive = speculate_with(model, prompt, opts, drafts, max_drafts, true);
+    assert_eq!(
+        (&fixed.0, &fixed.1),
+        (&adaptive.0, &adaptive.1),
+        "fixed {:?} vs adaptive {:?}",
+        fixed.2,
+        adaptive.2
+    );
+    adaptive
+}
+
+fn speculate_with(
+    model: &Model,
+    prompt: &[u32],
+    opts: GenerateOptions,
+    drafts: Drafts,
+    max_drafts: usize,
+    adaptive: bool,
+) -> (Vec<u32>, StopReason, SpeculationStats) {
+    let spec = SpeculateOptions {
+        drafts,
+        max_drafts,
+        adaptive,
+    };
     let (g, stats) = greedy_speculative(model, prompt, opts, &spec).expect("speculative");
     (g.ids, g.stop, stats)
 }
@@ -125,6 +158,38 @@ fn wrong_drafts_are_rejected_and_change_nothing() {
         assert_eq!(stop, want.stop);
         assert!(stats.steps > stats.steps_with_drafts, "{stats:?}");
     }
+}
+
+#[test]
+fn drafts_that_always_miss_are_paused_by_the_adaptive_schedule() {
+    let model = model(WeightChoice::Quantized);
+    let vocab = model.info().vocab_size as u32;
+    let prompt = ids(30, 11, 0);
+    let want = greedy(&model, &prompt, options(80, None)).expect("serial");
+    let wrong: Vec<u32> = want.ids.iter().map(|&t| (t + 1) % vocab).collect();
+    let run = |adaptive| {
+        speculate_with(
+            &model,
+            &prompt,
+            options(80, None),
+            Drafts::Continuation(wrong.clone()),
+            MAX_DRAFTS,
+            adaptive,
+        )
+    };
+    let (fixed_ids, _, fixed) = run(false);
+    let (adaptive_ids, _, adaptive) = run(true);
+    assert_eq!(fixed_ids, want.ids, "{fixed:?}");
+    assert_eq!(adaptive_ids, want.ids, "{adaptive:?}");
+    assert_eq!(fixed.accepted, 0);
+    assert_eq!(adaptive.accepted, 0);
+    // Fixed: every step verifies MAX_DRAFTS wrong drafts. Adaptive: MAX_DRAFTS once, then one
+    // per step, with pauses of 4, 8, 16, 32 plain steps between (80 tokens: 6 drafted steps).
+    // (The last step has no budget for drafts.)
+    assert_eq!(fixed.steps_with_drafts + 1, fixed.steps, "{fixed:?}");
+    assert!(adaptive.steps_with_drafts <= 6, "{adaptive:?}");
+    assert!(adaptive.drafted < MAX_DRAFTS + 6, "{adaptive:?}");
+    assert_eq!(adaptive.steps, fixed.steps, "one token per step either way");
 }
 
 #[test]

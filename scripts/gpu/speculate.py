@@ -3,15 +3,16 @@
 Runs THERE through scripts/gpu/remote.sh (or here on a fixture). Per round: plain greedy on the
 prompt (the reference ids and the serial tok/s), then --speculate with prompt-lookup drafts,
 then --speculate K --drafts-from <the reference ids> for each K (every draft right: the
-ceiling of the mechanism's speed), and with `--wrong N` also drafts from the reference ids with
-every Nth one replaced (partly right drafts: how speculation fares when a step's later drafts
-miss). `--arms` repeats the speculative configs under extra environment settings (e.g.
-`rows1:MEMEXEC_ROWS_PER_PRODUCT=1`). Every run's ids must equal the reference's; exit 1 if not.
+ceiling of the mechanism's speed), and with `--wrong N[,N]` also drafts from the reference ids
+with every Nth one replaced (partly right drafts: how speculation fares when a step's later
+drafts miss). `--arms` repeats the speculative configs under extra environment settings or
+`memexec generate` flags (e.g. `rows1:MEMEXEC_ROWS_PER_PRODUCT=1`, `fixed:--fixed-drafts`).
+Every run's ids must equal the reference's; exit 1 if not.
 Every timed run first generates once untimed in the same process (`--warmup 1`): the first use
 of each step shape compiles kernels and captures CUDA graphs, and each run is a fresh process.
 
 usage: speculate.py MEMEXEC MODEL_DIR [--len 400] [--tokens 128] [--ks 1,2,4,6] [--rounds 2]
-       [--no-lookup] [--wrong N] [--arms NAME:VAR=VAL[;VAR=VAL],...] [--out FILE]
+       [--no-lookup] [--wrong N[,N]] [--arms NAME:VAR=VAL[;--flag],...] [--out FILE]
 """
 import argparse
 import hashlib
@@ -32,12 +33,14 @@ def run(memexec, model, prompt, tokens, extra, env=None):
 
 
 def parse_arms(text):
-    """`name:VAR=VAL;VAR=VAL,name2:...` -> [(name, {VAR: VAL})], the default arm first."""
-    arms = [("default", {})]
+    """`name:VAR=VAL;--flag,name2:...` -> [(name, {VAR: VAL}, [--flag])], the default arm first:
+    a setting that starts with `--` is a `memexec generate` flag, the others environment."""
+    arms = [("default", {}, [])]
     for item in filter(None, (text or "").split(",")):
         name, _, settings = item.partition(":")
-        env = dict(kv.split("=", 1) for kv in settings.split(";") if kv)
-        arms.append((name, env))
+        parts = [kv for kv in settings.split(";") if kv]
+        env = dict(kv.split("=", 1) for kv in parts if not kv.startswith("--"))
+        arms.append((name, env, [kv for kv in parts if kv.startswith("--")]))
     return arms
 
 
@@ -51,8 +54,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=200000)
     ap.add_argument("--no-lookup", action="store_true", help="skip the prompt-lookup config")
-    ap.add_argument("--wrong", type=int, default=0,
-                    help="also draft from the reference with every Nth id replaced")
+    ap.add_argument("--wrong", default="",
+                    help="also draft from the reference with every Nth id replaced (N[,N...])")
     ap.add_argument("--arms", default="", help="extra environments for the speculative configs")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -64,15 +67,15 @@ def main():
     given = ["--drafts-from", ",".join(map(str, ids))]
     spec = [] if a.no_lookup else [("lookup4", ["--speculate", "4"])]
     spec += [(f"given{k}", ["--speculate", str(k)] + given) for k in ks]
-    if a.wrong:
+    for n in [int(v) for v in a.wrong.split(",") if v]:
         # Position i drafts output token i: every Nth draft is a token the model did not pick.
-        wrong = [t if (i + 1) % a.wrong else (t + 1) % a.vocab for i, t in enumerate(ids)]
-        spec += [(f"given{k}-wrong{a.wrong}",
+        wrong = [t if (i + 1) % n else (t + 1) % a.vocab for i, t in enumerate(ids)]
+        spec += [(f"given{k}-wrong{n}",
                   ["--speculate", str(k), "--drafts-from", ",".join(map(str, wrong))])
                  for k in ks]
     configs = [("serial", [], {})] + [
-        (name if arm == "default" else f"{name}@{arm}", extra, env)
-        for arm, env in parse_arms(a.arms) for name, extra in spec]
+        (name if arm == "default" else f"{name}@{arm}", extra + flags, env)
+        for arm, env, flags in parse_arms(a.arms) for name, extra in spec]
     rows, ok = [], True
     for rnd in range(1, a.rounds + 1):
         for name, extra, env in configs:

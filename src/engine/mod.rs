@@ -7,6 +7,7 @@
 //! tries again).
 pub mod backend;
 pub mod batched;
+pub mod draft_schedule;
 mod model_backend;
 pub mod request;
 pub mod scheduler;

@@ -19,6 +19,7 @@ use std::time::Instant;
 use mlx_rs::transforms::async_eval;
 
 use super::batched::{Decoder, ROWS_PER_PRODUCT};
+use super::draft_schedule::DraftSchedule;
 use crate::error::{Error, Result};
 use crate::generate::{
     ids_array, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, Generation,
@@ -58,6 +59,9 @@ pub struct SpeculateOptions {
     pub drafts: Drafts,
     /// The most drafts per step (capped at [`MAX_DRAFTS`]).
     pub max_drafts: usize,
+    /// Whether the draft count follows the acceptance ([`DraftSchedule`]: fewer drafts after
+    /// rejections, pauses while they keep missing); false feeds up to `max_drafts` every step.
+    pub adaptive: bool,
 }
 
 impl SpeculateOptions {
@@ -75,7 +79,17 @@ impl SpeculateOptions {
                 "a lookup n-gram must be at least 1 token".into(),
             ));
         }
-        Ok(SpeculateOptions { drafts, max_drafts })
+        Ok(SpeculateOptions {
+            drafts,
+            max_drafts,
+            adaptive: true,
+        })
+    }
+
+    /// These options with the draft count fixed at `max_drafts` (`adaptive` false: benchmarks
+    /// of one draft count) or following the acceptance (true, the default).
+    pub fn adaptive(self, adaptive: bool) -> SpeculateOptions {
+        SpeculateOptions { adaptive, ..self }
     }
 }
 
@@ -84,6 +98,7 @@ impl Default for SpeculateOptions {
         SpeculateOptions {
             drafts: Drafts::Lookup { ngram: 3 },
             max_drafts: 4.min(MAX_DRAFTS),
+            adaptive: true,
         }
     }
 }
@@ -152,7 +167,8 @@ fn widen(activation: &Option<Activation>, rows: usize) -> Result<Option<Activati
 ///
 /// Verification steps are not pipelined (the next step's drafts depend on this step's
 /// tokens): each costs its device time on top of the host's. Stretches where the text drafts
-/// nothing run as `greedy` does, pipelined. `memexec generate --speculate` reports both the
+/// nothing, or where [`DraftSchedule`] pauses drafting after rejections (with
+/// `spec.adaptive`), run as `greedy` does, pipelined. `memexec generate --speculate` reports both the
 /// speed and [`SpeculationStats`].
 pub fn greedy_speculative(
     model: &Model,
@@ -174,6 +190,7 @@ pub fn greedy_speculative_until(
 ) -> Result<(Generation, SpeculationStats)> {
     let stop_ids = opts.stop_ids_for(model);
     let max_drafts = spec.max_drafts.min(MAX_DRAFTS);
+    let mut schedule = DraftSchedule::new(max_drafts, spec.adaptive);
     let base = Decoder::new(model, &stop_ids).base_ctx();
     let mut stats = SpeculationStats::default();
     let mut profile = DecodeProfile::default();
@@ -228,21 +245,23 @@ pub fn greedy_speculative_until(
             join(&kv, &mut seq)?;
         }
         // A step yields at most 1 + drafts tokens: drafts past the budget are never used.
-        let budget = (opts.max_tokens - generated(&text) - 1).min(max_drafts);
+        let budget = (opts.max_tokens - generated(&text) - 1).min(schedule.allowed());
         let drafted = draft(&text, budget);
         if drafted.is_empty() {
-            // Nothing to verify: one-row steps, pipelined as in `greedy` (the next step is
-            // queued, fed this one's lazy pick, before this one's token is read), for as long
-            // as the text drafts nothing. The step fed the first token that drafts again is
-            // already queued without drafts: one drafting chance lost per stretch, against a
-            // device wait saved on every step of it.
+            // Nothing to verify (or drafting paused): one-row steps, pipelined as in `greedy`
+            // (the next step is queued, fed this one's lazy pick, before this one's token is
+            // read), for as long as the text drafts nothing and the pause lasts. The step fed
+            // the first token that drafts again is already queued without drafts: one drafting
+            // chance lost per stretch, against a device wait saved on every step of it.
             interrupted()?;
+            schedule.plain_step();
             let mut pending = one_step(&mut seq, &ids_array(&[token], &[1, 1])?, &mut profile)?;
             token = loop {
                 let more = generated(&text) + 1 < opts.max_tokens
-                    && draft(&text, max_drafts.min(1)).is_empty();
+                    && (schedule.paused() || draft(&text, 1).is_empty());
                 let next = if more {
                     interrupted()?;
+                    schedule.plain_step();
                     Some(one_step(
                         &mut seq,
                         &pending.reshape(&[1, 1])?,
@@ -291,6 +310,7 @@ pub fn greedy_speculative_until(
         stats.steps_with_drafts += 1;
         stats.drafted += drafted.len();
         stats.accepted += accepted;
+        schedule.verified(drafted.len(), accepted);
         for &t in &picks[..accepted] {
             if stop_ids.contains(&t) {
                 break 'decode StopReason::Eos(t);

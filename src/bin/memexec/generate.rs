@@ -70,6 +70,11 @@ pub struct Args {
         requires = "speculate"
     )]
     drafts_from: Vec<u32>,
+    /// Feed --speculate's N drafts on every step the text drafts them, instead of following the
+    /// acceptance (fewer drafts after rejections, pauses while they keep missing): measures one
+    /// draft count.
+    #[arg(long, requires = "speculate")]
+    fixed_drafts: bool,
     /// Generate this many times before the reported run, with the same options (untimed):
     /// the first use of each step shape compiles kernels and captures graphs (seconds on MLX
     /// CUDA), which a speed figure should not include.
@@ -190,6 +195,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "speculation": speculation.map(|s| serde_json::json!({
                 "max_drafts": args.speculate,
                 "drafts": if args.drafts_from.is_empty() { "lookup" } else { "given" },
+                "adaptive": !args.fixed_drafts,
                 "steps": s.steps,
                 "steps_with_drafts": s.steps_with_drafts,
                 "drafted": s.drafted,
@@ -245,6 +251,7 @@ fn generation(
         Error::InvalidArgument(m) => Error::InvalidArgument(format!("--speculate: {m}")),
         e => e,
     })?;
+    let spec = spec.adaptive(!args.fixed_drafts);
     let (g, stats) = greedy_speculative(model, prompt, opts, &spec)?;
     Ok((g, Some(stats)))
 }
