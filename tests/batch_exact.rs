@@ -17,7 +17,8 @@ use model_support::{assert_batches_equal, model_dir, mount_adapters, serial_ids}
 const FIXTURE: &str = "tiny-gemma4-q4-f32";
 
 /// Both forms of the matrices: the packed 4-bit kernel (mlx-lm's path) and the dense BLAS
-/// path, whose kernels depend on the row count unless padded (`linear::padded_rows`).
+/// path, whose kernels depend on the row count unless run in fixed 8-row calls
+/// (`linear::DENSE_STEP_ROWS`).
 const FORMS: [WeightChoice; 2] = [WeightChoice::Quantized, WeightChoice::Dense];
 
 fn model(form: WeightChoice) -> Model {

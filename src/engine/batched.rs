@@ -642,7 +642,7 @@ fn limit_from_env(name: &str) -> Option<usize> {
 
 /// [`ROWS_PER_PRODUCT`] on a GPU; no limit on the CPU, whose kernels are row-count
 /// independent (the packed kernel computes each row alone; dense products are padded to one
-/// GEMM path, see `model::linear::padded_rows`).
+/// GEMM size, see `model::linear::DENSE_STEP_ROWS`).
 fn rows_per_product_default(model: &Model) -> usize {
     match limit_from_env("MEMEXEC_ROWS_PER_PRODUCT") {
         Some(n) => n,

@@ -9,7 +9,8 @@ use super::weights::{check_float, check_shape, Weights};
 use super::ForwardCtx;
 use crate::error::{Error, Result};
 
-/// The stored form of a weight matrix `[out, in]`.
+/// The stored form of a weight matrix `[out, in]` (a dense one with zero rows appended up to
+/// [`padded_out_dim`]).
 enum Matrix {
     Dense { weight: Array },
     Quantized(QuantizedMatrix),
@@ -196,7 +197,7 @@ impl Linear {
             })
         } else {
             Matrix::Dense {
-                weight: w.take_float(&weight_key, &[out_dim, in_dim])?,
+                weight: pad_outputs(w.take_float(&weight_key, &[out_dim, in_dim])?)?,
             }
         };
         Ok(Linear {
@@ -276,7 +277,7 @@ impl Linear {
 
     fn forward_base(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
         Ok(match &self.matrix {
-            Matrix::Dense { weight } => dense_matmul(x, weight)?,
+            Matrix::Dense { weight } => dense_matmul(x, weight, self.out_dim)?,
             Matrix::Quantized(q) => q.matmul(x, ctx)?,
         })
     }
@@ -310,40 +311,84 @@ pub(super) fn with_adapters(path: &str, x: &Array, y: Array, ctx: &ForwardCtx) -
     }
 }
 
-/// Rows a dense product of `rows` x `[out, in]` runs with (zero rows appended).
+/// Rows of every dense product in a one-position forward (a decode step, `[B, 1, in]`):
+/// more rows run as several products of this many, fewer are padded with zero rows.
 ///
-/// Why: MLX runs dense f32 products through the BLAS, and OpenBLAS picks its kernel by size —
-/// a GEMV-like path for one row, "small matrix" kernels under ~10^6 multiply-adds, and GEMM
-/// tiles whose edge code differs from their interior. Those paths sum in different orders,
-/// so a row's bits would depend on how many rows share the call (serial vs batched decode).
-/// Rounding the rows up to a multiple of 8 and to at least 2^21 multiply-adds keeps every
-/// call on the full-tile GEMM path, where each output is one dot product summed in the same
-/// order whatever the row count (checked over 2816 row/shape cases, and by the batch
-/// exactness tests). The cost is nil for large layers and a few zero rows for small ones.
-pub fn padded_rows(rows: i32, out_dim: i32, in_dim: i32) -> i32 {
+/// Why: MLX runs dense f32 products through the BLAS, and OpenBLAS picks its kernel path by
+/// size, so a row's bits can depend on how many rows share the call (serial vs batched
+/// decode) and on its position among them. On Zen 1 (OpenBLAS 0.3.21's Haswell kernels) a
+/// row's output changes between 12 and 13 rows, 24 and 32, 40 and 48, and inside a 16-row
+/// product rows 7, 8 and 15 differ from row 0. With exactly eight rows every row got its
+/// one-row bits at every position, whatever the other rows held, over 14 shapes, 9 OpenBLAS
+/// core types and 1-16 threads (`scripts/bench/blas_row_invariance.py`). A batch of 16
+/// rows reads the weights twice; still eight rows per read.
+pub const DENSE_STEP_ROWS: i32 = 8;
+
+/// Output features a dense `[out, in]` matrix is stored with: zero rows are appended at load
+/// until a [`DENSE_STEP_ROWS`]-row product does at least 2^21 multiply-adds.
+///
+/// Why: OpenBLAS builds for AVX-512 CPUs take "small matrix" kernels under ~10^6
+/// multiply-adds, whose summation order differs from the GEMM's; a small layer's decode
+/// product must not flip to them. The product's extra outputs are sliced off.
+pub fn padded_out_dim(out_dim: i32, in_dim: i32) -> i32 {
     const MIN_MULTIPLY_ADDS: i64 = 1 << 21;
-    let per_row = (out_dim as i64 * in_dim as i64).max(1);
-    let floor = (MIN_MULTIPLY_ADDS + per_row - 1) / per_row;
-    let rows = (rows as i64).max(floor);
-    ((rows + 7) / 8 * 8) as i32
+    let per_output = DENSE_STEP_ROWS as i64 * in_dim.max(1) as i64;
+    let floor = (MIN_MULTIPLY_ADDS + per_output - 1) / per_output;
+    (out_dim as i64).max(floor) as i32
 }
 
-/// `x W^T` for a dense `W` `[out, in]`, with the rows padded by [`padded_rows`].
-fn dense_matmul(x: &Array, weight: &Array) -> Result<Array> {
+/// `weight` `[out, in]` with zero rows appended up to [`padded_out_dim`].
+fn pad_outputs(weight: Array) -> Result<Array> {
+    let (out_dim, in_dim) = (weight.dim(0), weight.dim(1));
+    let padded = padded_out_dim(out_dim, in_dim);
+    if padded == out_dim {
+        return Ok(weight);
+    }
+    let pad = zeros_dtype(&[padded - out_dim, in_dim], weight.dtype())?;
+    Ok(concatenate(&[weight, pad], 0)?)
+}
+
+/// `x W^T` for a dense `W` stored `[padded_out_dim(out), in]`, giving `out_dim` outputs.
+///
+/// A one-position input runs as products of exactly [`DENSE_STEP_ROWS`] rows (see there);
+/// any other (a prefill chunk of one sequence) as one product: prefill needs no row
+/// independence, serial and batched paths prefill every sequence alone in the same chunks.
+fn dense_matmul(x: &Array, weight: &Array, out_dim: i32) -> Result<Array> {
     let shape = x.shape().to_vec();
-    let (in_dim, out_dim) = (weight.dim(1), weight.dim(0));
+    let in_dim = weight.dim(1);
     let rows: i32 = shape[..shape.len().saturating_sub(1)].iter().product();
-    let padded = padded_rows(rows, out_dim, in_dim);
+    let one_position = x.ndim() == 3 && x.dim(1) == 1;
     let flat = x.reshape(&[rows, in_dim])?;
-    let flat = if padded > rows {
-        let pad = zeros_dtype(&[padded - rows, in_dim], x.dtype())?;
-        concatenate(&[flat, pad], 0)?
+    let mut y = if one_position {
+        let chunks = (rows + DENSE_STEP_ROWS - 1) / DENSE_STEP_ROWS;
+        let padded = chunks * DENSE_STEP_ROWS;
+        let flat = if padded > rows {
+            let pad = zeros_dtype(&[padded - rows, in_dim], x.dtype())?;
+            concatenate(&[flat, pad], 0)?
+        } else {
+            flat
+        };
+        let y = if chunks == 1 {
+            matmul(&flat, weight.t())?
+        } else {
+            let parts = (0..chunks)
+                .map(|c| {
+                    let part = flat.try_index(c * DENSE_STEP_ROWS..(c + 1) * DENSE_STEP_ROWS)?;
+                    Ok(matmul(&part, weight.t())?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            concatenate(&parts, 0)?
+        };
+        if padded > rows {
+            y.try_index(..rows)?
+        } else {
+            y
+        }
     } else {
-        flat
+        matmul(&flat, weight.t())?
     };
-    let mut y = matmul(&flat, weight.t())?;
-    if padded > rows {
-        y = y.try_index(..rows)?;
+    if weight.dim(0) > out_dim {
+        y = y.try_index((.., ..out_dim))?;
     }
     let mut out_shape = shape;
     if let Some(last) = out_shape.last_mut() {

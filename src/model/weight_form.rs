@@ -9,9 +9,9 @@
 //! several times faster. On a GPU the packed form is the fast one (fewer bytes to read).
 //!
 //! Exactness: in the dense form every row of a batch must get the bits it gets alone. The
-//! BLAS picks kernels by matrix size, so [`crate::model::linear`] pads the rows of every dense
-//! product to a size class that takes one kernel path whatever the batch (see
-//! `padded_rows`). The dense form is NOT bit-identical to mlx-lm (which runs the packed
+//! BLAS picks kernels by matrix size, so [`crate::model::linear`] runs a decode step's dense
+//! products in calls of exactly eight rows, zero-padded, whatever the batch (see
+//! `DENSE_STEP_ROWS`). The dense form is NOT bit-identical to mlx-lm (which runs the packed
 //! kernel); the packed form is. Serial and batched always share the form.
 use serde::Deserialize;
 
