@@ -190,6 +190,13 @@ fn drafts_that_always_miss_are_paused_by_the_adaptive_schedule() {
     assert!(adaptive.steps_with_drafts <= 6, "{adaptive:?}");
     assert!(adaptive.drafted < MAX_DRAFTS + 6, "{adaptive:?}");
     assert_eq!(adaptive.steps, fixed.steps, "one token per step either way");
+    // Every step without drafts but the last (no budget left for drafts) ran paused.
+    assert_eq!(fixed.paused_steps, 0, "{fixed:?}");
+    let plain = adaptive.steps - adaptive.steps_with_drafts;
+    assert!(
+        adaptive.paused_steps <= plain && adaptive.paused_steps + 1 >= plain,
+        "{adaptive:?}"
+    );
 }
 
 #[test]

@@ -47,7 +47,13 @@ export interface Stats {
   decode_seconds: number;
   peak_memory_bytes: number;
   /** With `speculate` configured: draft counts of the finished calls. */
-  speculation?: { steps: number; steps_with_drafts: number; drafted: number; accepted: number };
+  speculation?: {
+    steps: number;
+    steps_with_drafts: number;
+    drafted: number;
+    accepted: number;
+    paused_steps: number;
+  };
 }
 
 /** A chat message. */

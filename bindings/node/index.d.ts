@@ -73,6 +73,8 @@ export interface SpeculationStats {
   drafted: number
   /** Draft tokens that were the serial token (each saved a step). */
   accepted: number
+  /** Steps run without drafts because the adaptive schedule had paused drafting. */
+  pausedSteps: number
 }
 
 /** Counters since start-up. */

@@ -11,7 +11,7 @@ use crate::Error;
 /// free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
 /// `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
 /// `peak_memory_bytes`, and with `speculate` configured `speculation` (`steps`,
-/// `steps_with_drafts`, `drafted`, `accepted`).
+/// `steps_with_drafts`, `drafted`, `accepted`, `paused_steps`).
 ///
 /// Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
 /// `INTERNAL`.

@@ -114,6 +114,9 @@ pub struct SpeculationStats {
     pub drafted: usize,
     /// Draft tokens that were the serial token (each saved a step).
     pub accepted: usize,
+    /// Steps run without drafts because the adaptive schedule had paused drafting after
+    /// rejected drafts (a part of `steps - steps_with_drafts`; 0 with a fixed schedule).
+    pub paused_steps: usize,
 }
 
 impl std::ops::AddAssign for SpeculationStats {
@@ -122,6 +125,7 @@ impl std::ops::AddAssign for SpeculationStats {
         self.steps_with_drafts += o.steps_with_drafts;
         self.drafted += o.drafted;
         self.accepted += o.accepted;
+        self.paused_steps += o.paused_steps;
     }
 }
 
@@ -253,7 +257,9 @@ pub fn greedy_speculative_until(
             // read), for as long as the text drafts nothing and the pause lasts. The step fed
             // the first token that drafts again is already queued without drafts: one drafting
             // chance lost per stretch, against a device wait saved on every step of it.
+            // Whether the step queued was paused: counted when its token is read, as `steps`.
             interrupted()?;
+            let mut pending_paused = schedule.paused();
             schedule.plain_step();
             let mut pending = one_step(&mut seq, &ids_array(&[token], &[1, 1])?, &mut profile)?;
             token = loop {
@@ -261,12 +267,10 @@ pub fn greedy_speculative_until(
                     && (schedule.paused() || draft(&text, 1).is_empty());
                 let next = if more {
                     interrupted()?;
+                    let paused = schedule.paused();
                     schedule.plain_step();
-                    Some(one_step(
-                        &mut seq,
-                        &pending.reshape(&[1, 1])?,
-                        &mut profile,
-                    )?)
+                    let step = one_step(&mut seq, &pending.reshape(&[1, 1])?, &mut profile)?;
+                    Some((step, paused))
                 } else {
                     None
                 };
@@ -277,12 +281,16 @@ pub fn greedy_speculative_until(
                     .ok_or_else(|| Error::Internal("a decode step lost its row".into()))?;
                 profile.wait += t0.elapsed();
                 stats.steps += 1;
-                let Some(next) = next else { break t };
+                stats.paused_steps += usize::from(pending_paused);
+                let Some((next, next_paused)) = next else {
+                    break t;
+                };
                 if stop_ids.contains(&t) {
                     break 'decode StopReason::Eos(t);
                 }
                 text.push(t);
                 pending = next;
+                pending_paused = next_paused;
             };
             continue;
         }

@@ -63,6 +63,8 @@ pub struct SpeculationStats {
     pub drafted: f64,
     /// Draft tokens that were the serial token (each saved a step).
     pub accepted: f64,
+    /// Steps run without drafts because the adaptive schedule had paused drafting.
+    pub paused_steps: f64,
 }
 
 fn input(i: LocalInput) -> EngineInput {
@@ -282,6 +284,7 @@ impl Engine {
                 steps_with_drafts: p.steps_with_drafts as f64,
                 drafted: p.drafted as f64,
                 accepted: p.accepted as f64,
+                paused_steps: p.paused_steps as f64,
             }),
         }
     }

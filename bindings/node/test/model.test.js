@@ -68,6 +68,11 @@ test("a speculative engine answers as serial greedy and reports its draft counts
     assert.ok(s.speculation, "stats carry no speculation counts");
     assert.ok(s.speculation.steps > 0 && s.speculation.steps <= l.tokens, JSON.stringify(s.speculation));
     assert.ok(s.speculation.accepted <= s.speculation.drafted, JSON.stringify(s.speculation));
+    // A paused step has no drafts (NaN, and so a failure, if the field is missing).
+    assert.ok(
+      s.speculation.pausedSteps + s.speculation.stepsWithDrafts <= s.speculation.steps,
+      JSON.stringify(s.speculation),
+    );
   } finally {
     engine.close();
   }

@@ -442,6 +442,7 @@ pub fn run(args: Args) -> Result<()> {
                 "speculation": r.speculation.map(|s| json!({
                     "steps": s.steps, "steps_with_drafts": s.steps_with_drafts,
                     "drafted": s.drafted, "accepted": s.accepted,
+                    "paused_steps": s.paused_steps,
                 })),
             });
             table.push(row.clone());
@@ -604,13 +605,14 @@ fn print_table(rows: &[Value]) {
         let s = &r["speculation"];
         let n = |k: &str| s[k].as_u64().unwrap_or(0);
         println!(
-            "{} {}: {} of {} drafts accepted; {} steps, {} with drafts",
+            "{} {}: {} of {} drafts accepted; {} steps, {} with drafts, {} paused",
             r["workload"].as_str().unwrap_or("?"),
             r["mode"].as_str().unwrap_or("?"),
             n("accepted"),
             n("drafted"),
             n("steps"),
             n("steps_with_drafts"),
+            n("paused_steps"),
         );
     }
 }

@@ -200,6 +200,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
                 "steps_with_drafts": s.steps_with_drafts,
                 "drafted": s.drafted,
                 "accepted": s.accepted,
+                "paused_steps": s.paused_steps,
             })),
         });
         println!("{v}");
@@ -224,8 +225,8 @@ pub fn run(args: Args) -> memexec::Result<()> {
         );
         if let Some(s) = speculation {
             println!(
-                "speculation: {} of {} drafts accepted over {} steps ({} with drafts)",
-                s.accepted, s.drafted, s.steps, s.steps_with_drafts
+                "speculation: {} of {} drafts accepted over {} steps ({} with drafts, {} paused)",
+                s.accepted, s.drafted, s.steps, s.steps_with_drafts, s.paused_steps
             );
         }
     }
