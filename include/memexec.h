@@ -360,7 +360,7 @@ enum memexec_status memexec_messages(const char *stages_json,
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
 // `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
 // `peak_memory_bytes`, and with `speculate` configured `speculation` (`steps`,
-// `steps_with_drafts`, `drafted`, `accepted`).
+// `steps_with_drafts`, `drafted`, `accepted`, `paused_steps`).
 //
 // Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
 // `INTERNAL`.
@@ -413,7 +413,7 @@ enum memexec_status memexec_messages(const char *stages_json,
 // free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
 // `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
 // `peak_memory_bytes`, and with `speculate` configured `speculation` (`steps`,
-// `steps_with_drafts`, `drafted`, `accepted`).
+// `steps_with_drafts`, `drafted`, `accepted`, `paused_steps`).
 //
 // Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
 // `INTERNAL`.
