@@ -351,8 +351,9 @@ fn pad_outputs(weight: Array) -> Result<Array> {
 /// `x W^T` for a dense `W` stored `[padded_out_dim(out), in]`, giving `out_dim` outputs.
 ///
 /// A one-position input runs as products of exactly [`DENSE_STEP_ROWS`] rows (see there);
-/// any other (a prefill chunk of one sequence) as one product: prefill needs no row
-/// independence, serial and batched paths prefill every sequence alone in the same chunks.
+/// any other (a prefill chunk of one sequence) as one product with the unpadded matrix:
+/// prefill needs no row independence, serial and batched paths prefill every sequence alone
+/// in the same chunks.
 fn dense_matmul(x: &Array, weight: &Array, out_dim: i32) -> Result<Array> {
     let shape = x.shape().to_vec();
     let in_dim = weight.dim(1);
@@ -385,9 +386,15 @@ fn dense_matmul(x: &Array, weight: &Array, out_dim: i32) -> Result<Array> {
             y
         }
     } else {
+        // The padded outputs would only cost here (up to 16x for the smallest layers).
+        let weight = if weight.dim(0) > out_dim {
+            weight.try_index(..out_dim)?
+        } else {
+            weight.clone()
+        };
         matmul(&flat, weight.t())?
     };
-    if weight.dim(0) > out_dim {
+    if y.dim(-1) > out_dim {
         y = y.try_index((.., ..out_dim))?;
     }
     let mut out_shape = shape;
