@@ -88,7 +88,8 @@ def main():
             row = {"round": rnd, "config": name, "tok_s": round(d["decode_tokens_per_s"], 1),
                    "steps": p["steps"], "build_ms": round(p["build"], 2),
                    "queue_ms": round(p["queue"], 2), "wait_ms": round(p["wait"], 2),
-                   "drafted": s.get("drafted"), "accepted": s.get("accepted"), "same_ids": same,
+                   "drafted": s.get("drafted"), "accepted": s.get("accepted"),
+                   "paused_steps": s.get("paused_steps"), "same_ids": same,
                    "ids_hash": hashlib.sha1(str(d["ids"]).encode()).hexdigest()[:10],
                    "process_s": round(time.time() - t, 1)}
             rows.append(row)
