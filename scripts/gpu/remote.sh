@@ -128,6 +128,9 @@ export FIXTURES=$GPU_DIR/fixtures
 export TINY=$FIXTURES/tiny-gemma4-q4-f32
 export TINY_BF16=$FIXTURES/tiny-gemma4-q4
 if [ "$FRESH" = 1 ]; then
+  # The runtime (gVisor reports kernel 4.4.0; Firecracker a 6.x one) and CPU: the host's
+  # speed shapes every host-bound figure (scripts/gpu/host_probe.sh).
+  echo "host: $(uname -srm), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   "$PY" -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, "mlx-lm", mlx_lm.__version__, mx.default_device())' \
     || { log "ERROR: mlx does not import with the CUDA build"; exit 1; }
