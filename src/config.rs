@@ -32,7 +32,8 @@ pub struct Config {
     #[serde(default)]
     pub stages: BTreeMap<String, StageSpec>,
     /// How many requests may share decode steps; default `$MLX_BUN_MEMORY_BATCH`, else
-    /// [`DEFAULT_BATCH_WIDTH`].
+    /// [`DEFAULT_BATCH_WIDTH`] (logging a warning when the variable is set to anything but a
+    /// positive integer).
     #[serde(default = "default_batch_width")]
     pub batch_width: usize,
     /// Where MLX runs.
@@ -139,7 +140,13 @@ impl Default for Limits {
 }
 
 fn default_batch_width() -> usize {
-    batch_width_from_env(std::env::var(BATCH_ENV).ok().as_deref())
+    let value = std::env::var(BATCH_ENV).ok();
+    let width = batch_width_from_env(value.as_deref());
+    // The TS pipeline this replaces fell back silently; a typo should at least be visible.
+    if let Some(v) = value.filter(|v| positive_width(v).is_none()) {
+        tracing::warn!("${BATCH_ENV}={v:?} is not a positive integer: batch width {width}");
+    }
+    width
 }
 
 /// The batch width when neither the config nor `$MLX_BUN_MEMORY_BATCH` sets one.
@@ -153,9 +160,12 @@ pub const DEFAULT_BATCH_WIDTH: usize = 8;
 /// Parses `$MLX_BUN_MEMORY_BATCH`: a positive integer, else [`DEFAULT_BATCH_WIDTH`].
 pub fn batch_width_from_env(value: Option<&str>) -> usize {
     value
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n >= 1)
+        .and_then(positive_width)
         .unwrap_or(DEFAULT_BATCH_WIDTH)
+}
+
+fn positive_width(value: &str) -> Option<usize> {
+    value.trim().parse::<usize>().ok().filter(|&n| n >= 1)
 }
 
 impl Config {

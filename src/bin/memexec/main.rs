@@ -33,8 +33,13 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Warnings by default (a batch check that turned batching off, an ignored setting):
+    // `EnvFilter::from_default_env` alone shows errors only unless RUST_LOG is set.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
