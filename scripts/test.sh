@@ -13,7 +13,9 @@ export CARGO_BUILD_TARGET
 export MEMEXEC_TARGET_DIR="$PWD/target/$CARGO_BUILD_TARGET"
 # Doctests get no build-script link args (rpath): let them find libmlx this way.
 export LD_LIBRARY_PATH="$PWD/.deps/mlx-cpu/mlx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-step() { printf '\n== %s\n' "$*" >&2; }
+# Each step says when it starts (seconds since the test command began): where CI's time goes.
+T0=$SECONDS
+step() { printf '\n== %s (at %d s)\n' "$*" "$((SECONDS - T0))" >&2; }
 # Everything but the mlx-lm oracle files (~6 minutes on 2 cores, mostly one Python thread);
 # they are generated while cargo lints and builds, and the tests wait for them.
 MEMEXEC_SETUP_EXCEPT=35-oracle.sh bash scripts/setup.sh
@@ -41,3 +43,4 @@ for suite in scripts/test.d/*.sh; do
   step "$suite"
   bash "$suite"
 done
+step "all suites passed"

@@ -96,12 +96,13 @@ fn gemma3_270m_matches_mlx_lm() {
 }
 
 /// The prompt longer than the 512-token window (ring wrap on real weights); ~10x the time of
-/// the others on the CPU backend.
+/// the others on the CPU backend. Its oracle file is generated on request:
+/// `MEMEXEC_SLOW_ORACLE=1 scripts/setup.sh`.
 #[test]
-#[ignore = "slow: a ~700-token prefill of the 270M model; run with --ignored"]
+#[ignore = "slow: a ~700-token prefill of the 270M model; run with --ignored after MEMEXEC_SLOW_ORACLE=1 scripts/setup.sh"]
 fn gemma3_270m_long_prompt_matches_mlx_lm() {
     let model = Model::load(&model_dir(FIXTURE)).expect("load");
-    let oracle = oracle(FIXTURE);
+    let oracle = oracle(&format!("{FIXTURE}-long"));
     let tok = tokenizer();
     let long: Vec<&OraclePrompt> = oracle
         .prompts
