@@ -21,9 +21,22 @@ function withCode(e) {
 // Batched is the default: exact (checked at start-up) and faster; MLX_BUN_MEMORY_BATCH=1 = serial.
 const DEFAULT_BATCH_WIDTH = 8;
 
+// The last MLX_BUN_MEMORY_BATCH value warned about, so a bad value warns once, not per call.
+let warnedBatchValue;
+
+// Parsed as memexec's Rust side parses it (digits, optional "+", surrounding space): parseInt
+// would read "4x" as 4 where `memexec run` reads 8. Any other set value warns once.
 function memoryBatchSize() {
-  const n = Number.parseInt(process.env.MLX_BUN_MEMORY_BATCH ?? "", 10);
-  return Number.isFinite(n) && n >= 1 ? n : DEFAULT_BATCH_WIDTH;
+  const value = process.env.MLX_BUN_MEMORY_BATCH;
+  if (value === undefined) return DEFAULT_BATCH_WIDTH;
+  const digits = /^\+?(\d+)$/.exec(value.trim());
+  const n = digits ? Number(digits[1]) : NaN;
+  if (Number.isSafeInteger(n) && n >= 1) return n;
+  if (warnedBatchValue !== value) {
+    warnedBatchValue = value;
+    console.warn(`memexec: $MLX_BUN_MEMORY_BATCH=${JSON.stringify(value)} is not a positive integer: batch width ${DEFAULT_BATCH_WIDTH}`);
+  }
+  return DEFAULT_BATCH_WIDTH;
 }
 
 function adapterDirFor(stage) {

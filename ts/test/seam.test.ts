@@ -1,5 +1,5 @@
 // The seam's pure parts (no model): environment handling, adapter paths, messages.
-import { afterEach, describe, expect, test } from "bun:test";
+import { afterEach, describe, expect, spyOn, test } from "bun:test";
 import {
   adapterDirFor,
   callLocalBatch,
@@ -33,6 +33,26 @@ describe("seam without a model", () => {
     expect(memoryBatchSize()).toBe(8);
     process.env.MLX_BUN_MEMORY_BATCH = "0";
     expect(memoryBatchSize()).toBe(8);
+  });
+
+  test("memoryBatchSize parses as memexec's Rust side does and warns once per bad value", () => {
+    const warn = spyOn(console, "warn").mockImplementation(() => {});
+    try {
+      process.env.MLX_BUN_MEMORY_BATCH = " +3 ";
+      expect(memoryBatchSize()).toBe(3);
+      expect(warn).toHaveBeenCalledTimes(0);
+      // parseInt would read 4 here; `memexec run` reads 8.
+      process.env.MLX_BUN_MEMORY_BATCH = "4x";
+      expect(memoryBatchSize()).toBe(8);
+      expect(memoryBatchSize()).toBe(8);
+      expect(warn).toHaveBeenCalledTimes(1);
+      expect(String(warn.mock.calls[0][0])).toContain('"4x" is not a positive integer');
+      process.env.MLX_BUN_MEMORY_BATCH = "2.5";
+      expect(memoryBatchSize()).toBe(8);
+      expect(warn).toHaveBeenCalledTimes(2);
+    } finally {
+      warn.mockRestore();
+    }
   });
 
   test("adapterDirFor follows $HOME/.cache/mlx-bun/adapters/memory-<stage>", () => {

@@ -20,6 +20,21 @@ test("constants and environment", () => {
   assert.equal(seam.memoryBatchSize(), 8);
   process.env.MLX_BUN_MEMORY_BATCH = "1";
   assert.equal(seam.memoryBatchSize(), 1);
+  process.env.MLX_BUN_MEMORY_BATCH = " +3 ";
+  assert.equal(seam.memoryBatchSize(), 3);
+  // parseInt would read 4 here; `memexec run` reads 8, and so must the seam.
+  const warnings = [];
+  const warn = console.warn;
+  console.warn = (m) => warnings.push(String(m));
+  try {
+    process.env.MLX_BUN_MEMORY_BATCH = "4x";
+    assert.equal(seam.memoryBatchSize(), 8);
+    assert.equal(seam.memoryBatchSize(), 8);
+  } finally {
+    console.warn = warn;
+  }
+  assert.equal(warnings.length, 1);
+  assert.match(warnings[0], /"4x" is not a positive integer/);
   if (saved === undefined) delete process.env.MLX_BUN_MEMORY_BATCH;
   else process.env.MLX_BUN_MEMORY_BATCH = saved;
   assert.equal(seam.adapterDirFor("chunk"), `${process.env.HOME}/.cache/mlx-bun/adapters/memory-chunk`);
