@@ -7,7 +7,9 @@
 # kernel launch, a 96-kernel graph's launch, a managed-memory token read), eval_cost.py (MLX's
 # encode cost per node), memexec's plain decode (3 rounds) and mlx-lm's (3 reps) on the 400-id
 # prompt. Run it on each kind a session is lent, and read decode figures against their host.
-# Written in session 26, which was lent no device: not run yet.
+# Written in session 26 (no device); first run in session 29 on an H100 under Firecracker
+# (benchmarks/2026-12-05-h100-session29/), where each memexec process took 17-22 s with the model
+# load, so three variants rounds need more than the 150 s they had then.
 set -u
 export MLX_CUDA_GRAPH_CACHE_SIZE=4096
 echo "uname: $(uname -srvm)"
@@ -17,6 +19,6 @@ timeout 90 $PY scripts/gpu/runtime_probe.py --out $OUT/runtime_probe.json; echo 
 timeout 150 $PY scripts/gpu/eval_cost.py --nodes 400 --reps 4 --out $OUT/eval_cost.json > $OUT/eval_cost.log 2>&1; echo "eval_cost rc=$?"
 cut -c1-120 $OUT/eval_cost.log
 P400=$($PY -c "import random;r=random.Random(0);print(','.join(str(r.randrange(3,200000)) for _ in range(400)))")
-ROUNDS=3 GEN_TOKENS=128 BENCH_WIDTHS= timeout 150 bash scripts/gpu/variants.sh base=$MEMEXEC > $OUT/variants.log 2>&1; echo "variants rc=$?"
+ROUNDS=3 GEN_TOKENS=128 BENCH_WIDTHS= timeout 240 bash scripts/gpu/variants.sh base=$MEMEXEC > $OUT/variants.log 2>&1; echo "variants rc=$?"
 grep round $OUT/variants.log
 timeout 100 $PY scripts/gpu/mlxlm_decode_speed.py $E4B --prompt-ids $P400 --tokens 128 --reps 3 > $OUT/mlxlm.log 2>&1; echo "mlxlm rc=$?"; tail -1 $OUT/mlxlm.log | cut -c1-300
