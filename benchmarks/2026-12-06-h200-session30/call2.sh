@@ -1,5 +1,7 @@
 # session 30, call 2 (runs through remote.sh, after the bundles arrived): the host (runtime,
 # CPU, CUDA call costs, MLX's encode cost per node) and memexec vs mlx-lm greedy ids on e4b.
+# (Its lines up to eval_cost's are host_probe.sh's host part, copied; `host_probe.sh --host-only`,
+# added after this ran, runs just that part.)
 set -u
 export MLX_CUDA_GRAPH_CACHE_SIZE=4096
 echo "uname: $(uname -srvm)"
