@@ -162,9 +162,10 @@ enum memexec_status memexec_batch(struct memexec *handle,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null,
 // "max_kv_bytes": null}, "speculate": {"max_drafts": 4, "ngram": 3}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
-// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial). `speculate` (absent = off; needs
-// `batch_width` 1) verifies up to `max_drafts` tokens drafted from the prompt and output per
-// decode step: the same answers as without it, in fewer steps where the text repeats.
+// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial). `speculate` (absent = off)
+// verifies up to `max_drafts` tokens drafted from the prompt and output per decode step (a
+// batched engine: while a call runs alone): the same answers as without it, in fewer steps
+// where the text repeats.
 //
 // On success writes a new handle to `*out_handle` (required). On failure writes a message to
 // `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves
@@ -298,9 +299,10 @@ enum memexec_status memexec_batch(struct memexec *handle,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null,
 // "max_kv_bytes": null}, "speculate": {"max_drafts": 4, "ngram": 3}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
-// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial). `speculate` (absent = off; needs
-// `batch_width` 1) verifies up to `max_drafts` tokens drafted from the prompt and output per
-// decode step: the same answers as without it, in fewer steps where the text repeats.
+// `$MLX_BUN_MEMORY_BATCH`, else 8 (batched; `1` = serial). `speculate` (absent = off)
+// verifies up to `max_drafts` tokens drafted from the prompt and output per decode step (a
+// batched engine: while a call runs alone): the same answers as without it, in fewer steps
+// where the text repeats.
 //
 // On success writes a new handle to `*out_handle` (required). On failure writes a message to
 // `*out_error` when it is non-NULL (free it with `memexec_string_free`) and leaves

@@ -54,7 +54,9 @@ pub struct Config {
     #[serde(default)]
     pub limits: Limits,
     /// Speculative decoding with exact verification (see
-    /// [`crate::engine::speculative`]): absent = off. Serial decoding only (`batch_width` 1).
+    /// [`crate::engine::speculative`]): absent = off. With `batch_width` 1 every call's decode
+    /// verifies drafts; a batched engine verifies them for a call while it runs alone (see
+    /// [`crate::engine::Decoder::with_speculation`]).
     #[serde(default)]
     pub speculate: Option<Speculate>,
 }
@@ -229,12 +231,6 @@ impl Config {
                 )),
                 e => e,
             })?;
-            if self.batch_width != 1 {
-                return Err(Error::InvalidConfig(format!(
-                    "`speculate` needs `batch_width` 1 (got {}): the batched decoder does not verify drafts",
-                    self.batch_width
-                )));
-            }
         }
         for (stage, spec) in &self.stages {
             if let Some(adapter) = &spec.adapter {
@@ -309,20 +305,21 @@ mod tests {
     }
 
     #[test]
-    fn speculate_parses_and_needs_serial_decoding() {
-        let c = Config::from_json(
-            r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 2}}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            c.speculate,
-            Some(Speculate {
-                max_drafts: 2,
-                ngram: 3
-            })
-        );
+    fn speculate_parses_at_any_batch_width_and_checks_its_counts() {
+        for width in [1, 8] {
+            let c = Config::from_json(&format!(
+                r#"{{"model_dir": "/m", "batch_width": {width}, "speculate": {{"max_drafts": 2}}}}"#
+            ))
+            .unwrap();
+            assert_eq!(
+                c.speculate,
+                Some(Speculate {
+                    max_drafts: 2,
+                    ngram: 3
+                })
+            );
+        }
         for doc in [
-            r#"{"model_dir": "/m", "batch_width": 8, "speculate": {"max_drafts": 2}}"#,
             r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 0}}"#,
             r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 99}}"#,
             r#"{"model_dir": "/m", "batch_width": 1, "speculate": {"max_drafts": 2, "ngram": 0}}"#,

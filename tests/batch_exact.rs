@@ -234,7 +234,7 @@ fn the_self_check_passes_on_the_fixture() {
     for form in FORMS {
         let model = model(form);
         let stop = model.info().eos_token_ids.clone();
-        assert_eq!(self_check(&model, &stop, 4), None);
+        assert_eq!(self_check(&model, &stop, 4, None), None);
     }
 }
 

@@ -230,21 +230,9 @@ fn kernel_decode_attention_falls_back_where_mlx_has_no_cuda() {
 #[test]
 fn speculative_calls_answer_as_serial_greedy_and_count_their_drafts() {
     let dir = fixture();
-    let mut config = Config::for_model(&dir);
+    let config = Config::for_model(&dir);
     let stop_ids = ModelBackend::load(&config).unwrap().stop_ids().to_vec();
     let want = serial_texts(&dir, &stop_ids);
-    config.batch_width = 1;
-    // One-token n-grams: the random fixture seldom repeats longer ones.
-    config.speculate = Some(memexec::config::Speculate {
-        max_drafts: 4,
-        ngram: 1,
-    });
-    config.validate().unwrap();
-    let engine = Engine::new(config).unwrap();
-    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
-        let got = call(&engine, stage, input, max_tokens);
-        assert_eq!(&got.text, want, "stage {stage}");
-    }
     // A longer answer (pipelined stretches; the random fixture's output rarely repeats a
     // token, so drafting itself is covered by tests/speculative.rs).
     let long = LocalInput::user(
@@ -261,14 +249,63 @@ fn speculative_calls_answer_as_serial_greedy_and_count_their_drafts() {
         ..GenerateOptions::default()
     };
     let ids = prompter.prompt_ids("entity", &long).unwrap();
-    let serial = greedy(&model, &ids, opts).unwrap();
-    let got = call(&engine, "entity", long, 48);
-    assert_eq!(got.ids, serial.ids);
-    let stats = engine.stats();
-    assert_eq!(stats.mode, "serial, speculative k4");
-    let s = stats.speculation.expect("speculation counts");
-    eprintln!("{s:?}");
-    assert!(s.steps > 0 && s.accepted <= s.drafted, "{s:?}");
-    let json = serde_json::to_value(&stats).unwrap();
-    assert_eq!(json["speculation"]["steps"], s.steps);
+    let serial = greedy(&model, &ids, opts.clone()).unwrap();
+    // Serial engines verify drafts for every call; batched ones for a call running alone.
+    for (width, mode) in [
+        (1, "serial, speculative k4"),
+        (8, "batched, speculative k4 (rows alone)"),
+    ] {
+        let mut config = config.clone();
+        config.batch_width = width;
+        // One-token n-grams: the random fixture seldom repeats longer ones.
+        config.speculate = Some(memexec::config::Speculate {
+            max_drafts: 4,
+            ngram: 1,
+        });
+        config.validate().unwrap();
+        let engine = Engine::new(config).unwrap();
+        for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
+            let got = call(&engine, stage, input, max_tokens);
+            assert_eq!(&got.text, want, "width {width}, stage {stage}");
+        }
+        let got = call(&engine, "entity", long.clone(), 48);
+        assert_eq!(got.ids, serial.ids, "width {width}");
+        // Calls at once: the batch's rows step together, and the last ones run alone.
+        let batch: Vec<LocalInput> = inputs()
+            .into_iter()
+            .map(|(_, input, _)| input)
+            .chain([long.clone()])
+            .collect();
+        let got = engine
+            .batch(
+                "entity",
+                batch.clone(),
+                CallOptions {
+                    max_tokens: Some(24),
+                },
+            )
+            .expect("batch")
+            .into_iter()
+            .map(|c| c.ids)
+            .collect::<Vec<_>>();
+        let want_ids: Vec<Vec<u32>> = batch
+            .iter()
+            .map(|input| {
+                let ids = prompter.prompt_ids("entity", input).unwrap();
+                let opts = GenerateOptions {
+                    max_tokens: 24,
+                    ..opts.clone()
+                };
+                greedy(&model, &ids, opts).unwrap().ids
+            })
+            .collect();
+        assert_eq!(got, want_ids, "width {width}");
+        let stats = engine.stats();
+        assert_eq!(stats.mode, mode);
+        let s = stats.speculation.expect("speculation counts");
+        eprintln!("width {width}: {s:?}");
+        assert!(s.steps > 0 && s.accepted <= s.drafted, "{s:?}");
+        let json = serde_json::to_value(&stats).unwrap();
+        assert_eq!(json["speculation"]["steps"], s.steps);
+    }
 }

@@ -9,9 +9,12 @@
 //! Needs .deps/fixtures (scripts/setup.sh).
 mod model_support;
 
+use memexec::engine::batched::Started;
+use memexec::engine::scheduler::Limits;
 use memexec::engine::speculative::{
     greedy_speculative, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS,
 };
+use memexec::engine::{Decoder, RowRequest};
 use memexec::generate::{greedy, GenerateOptions, StopReason};
 use memexec::lora::{Activation, AdapterStack};
 use memexec::model::{Model, WeightChoice};
@@ -287,4 +290,140 @@ fn a_stop_token_inside_an_accepted_run_ends_there() {
         MAX_DRAFTS,
     );
     assert_eq!((got, stop), (want.ids, want.stop));
+}
+
+/// The batched decoder with `spec` over `reqs` at `width`: each row's ids and speculation.
+fn batched(
+    model: &Model,
+    stop: &[u32],
+    spec: SpeculateOptions,
+    reqs: &[RowRequest],
+    width: usize,
+) -> Vec<(Vec<u32>, SpeculationStats)> {
+    let decoder = Decoder::new(model, stop).with_speculation(Some(spec));
+    assert!(decoder.shared_kv(), "speculation runs over the shared KV");
+    let limits = Limits {
+        width,
+        kv_budget: None,
+    };
+    let out = decoder
+        .run_rows(reqs.to_vec(), limits)
+        .into_iter()
+        .map(|o| {
+            let o = o.expect("row");
+            (o.ids, o.speculation.expect("speculation counts"))
+        })
+        .collect();
+    assert_eq!(decoder.shared_kv_rows(), Some(0), "every slot freed");
+    out
+}
+
+#[test]
+fn a_lone_row_of_the_batched_decoder_verifies_drafts_with_the_serial_tokens() {
+    let model = model(WeightChoice::Quantized);
+    let stop = model.info().eos_token_ids.clone();
+    let vocab = model.info().vocab_size as u32;
+    let prompt = ids(45, 9, 0);
+    let want = greedy(&model, &prompt, options(48, None)).expect("serial");
+    assert!(want.ids.len() > 8, "the fixture should generate");
+    let req = [RowRequest::new(prompt, 48)];
+    let spec = |drafts, k| SpeculateOptions::new(drafts, k).expect("options");
+    // Right drafts: all accepted, at least two tokens per step.
+    let right = Drafts::Continuation(want.ids.clone());
+    let [(got, stats)] = <[_; 1]>::try_from(batched(&model, &stop, spec(right, 4), &req, 4))
+        .unwrap_or_else(|_| panic!("one row"));
+    assert_eq!(got, want.ids, "{stats:?}");
+    assert_eq!(stats.accepted, stats.drafted, "{stats:?}");
+    assert!(
+        stats.drafted > 0 && stats.steps * 2 <= want.ids.len(),
+        "{stats:?}"
+    );
+    // Every third draft wrong: rejections mid-step.
+    let spoiled: Vec<u32> = want
+        .ids
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| if i % 3 == 2 { (t + 1) % vocab } else { t })
+        .collect();
+    let spoiled = Drafts::Continuation(spoiled);
+    let [(got, stats)] =
+        <[_; 1]>::try_from(batched(&model, &stop, spec(spoiled, MAX_DRAFTS), &req, 4))
+            .unwrap_or_else(|_| panic!("one row"));
+    assert_eq!(got, want.ids, "{stats:?}");
+    assert!(
+        stats.accepted > 0 && stats.accepted < stats.drafted,
+        "{stats:?}"
+    );
+    // A stop token inside an accepted run ends the row there.
+    let stop_at = want.ids[9];
+    let stopped = greedy(
+        &model,
+        &req[0].prompt,
+        GenerateOptions {
+            stop_ids: Some(vec![stop_at]),
+            ..options(48, None)
+        },
+    )
+    .expect("serial");
+    let right = Drafts::Continuation(want.ids.clone());
+    let [(got, _)] = <[_; 1]>::try_from(batched(&model, &[stop_at], spec(right, 4), &req, 4))
+        .unwrap_or_else(|_| panic!("one row"));
+    assert_eq!(got, stopped.ids);
+}
+
+#[test]
+fn batched_rows_that_come_to_run_alone_verify_drafts_with_the_serial_tokens() {
+    let model = model(WeightChoice::Quantized);
+    let stop = model.info().eos_token_ids.clone();
+    // Row 0 has the longest budget: it runs alone first (width 1), last (widths 2, 3), or
+    // after the others ended. Its continuation is every row's draft source: right for row 0,
+    // wrong for the others where they run alone (width 1).
+    let reqs: Vec<RowRequest> = [(45usize, 9u32, 48usize), (12, 3, 10), (30, 5, 20)]
+        .into_iter()
+        .map(|(len, r, max)| RowRequest::new(ids(len, r, 0), max))
+        .collect();
+    let want: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|r| {
+            greedy(&model, &r.prompt, options(r.max_tokens, None))
+                .expect("serial")
+                .ids
+        })
+        .collect();
+    let spec = || SpeculateOptions::new(Drafts::Continuation(want[0].clone()), 4).expect("options");
+    for width in [1, 2, 3] {
+        let got = batched(&model, &stop, spec(), &reqs, width);
+        for (i, ((ids, stats), want)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(ids, want, "width {width}, row {i}: {stats:?}");
+        }
+        let row0 = got[0].1;
+        eprintln!("width {width}: row 0 {row0:?}");
+        assert!(row0.accepted > 0, "width {width}: {row0:?}");
+    }
+    // A row joins a row that has just verified (no token pending), and the row left alone
+    // verifies again from the pending token of their last common step.
+    let decoder = Decoder::new(&model, &stop).with_speculation(Some(spec()));
+    let mut running = Vec::new();
+    let mut got: Vec<Option<(Vec<u32>, SpeculationStats)>> = vec![None; 2];
+    for (i, req) in reqs[..2].iter().enumerate() {
+        match decoder.start(i, req.clone()) {
+            Ok(Started::Running(row)) => running.push(row),
+            other => panic!("row {i} should run: {}", other.is_ok()),
+        }
+        // Row 0 steps alone for three steps before row 1 joins.
+        for _ in 0..if i == 0 { 3 } else { 0 } {
+            assert!(decoder.step(&mut running).expect("step").is_empty());
+        }
+    }
+    while !running.is_empty() {
+        for (i, out) in decoder.step(&mut running).expect("step") {
+            got[i] = Some((out.ids, out.speculation.expect("speculation counts")));
+        }
+    }
+    let (ids0, stats0) = got[0].clone().expect("row 0");
+    assert_eq!(ids0, want[0], "{stats0:?}");
+    assert_eq!(got[1].as_ref().map(|g| &g.0), Some(&want[1]));
+    assert_eq!(stats0.accepted, stats0.drafted, "{stats0:?}");
+    assert!(stats0.steps_with_drafts >= 2, "{stats0:?}");
+    assert_eq!(decoder.shared_kv_rows(), Some(0), "every slot freed");
 }

@@ -23,7 +23,7 @@ export interface Config {
   stages?: Record<string, { adapter?: string; system?: string }>;
   batch_width?: number;
   device?: "default" | "cpu" | "gpu";
-  /** Speculative decoding with exact verification (needs batch_width 1). */
+  /** Speculative decoding with exact verification (a batched engine: for a call running alone). */
   speculate?: { max_drafts: number; ngram?: number };
   limits?: {
     max_batch?: number;

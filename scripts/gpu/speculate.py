@@ -6,13 +6,16 @@ then --speculate K --drafts-from <the reference ids> for each K (every draft rig
 ceiling of the mechanism's speed), and with `--wrong N[,N]` also drafts from the reference ids
 with every Nth one replaced (partly right drafts: how speculation fares when a step's later
 drafts miss). `--arms` repeats the speculative configs under extra environment settings or
-`memexec generate` flags (e.g. `rows1:MEMEXEC_ROWS_PER_PRODUCT=1`, `fixed:--fixed-drafts`).
+`memexec generate` flags (e.g. `rows1:MEMEXEC_ROWS_PER_PRODUCT=1`, `fixed:--fixed-drafts`,
+`decoder:--decoder`: the batched decoder's lone row); `--plain-arms` also runs each extra arm
+without drafts (`serial@ARM`).
 Every run's ids must equal the reference's; exit 1 if not.
 Every timed run first generates once untimed in the same process (`--warmup 1`): the first use
 of each step shape compiles kernels and captures CUDA graphs, and each run is a fresh process.
 
 usage: speculate.py MEMEXEC MODEL_DIR [--len 400] [--tokens 128] [--ks 1,2,4,6] [--rounds 2]
-       [--no-lookup] [--wrong N[,N]] [--arms NAME:VAR=VAL[;--flag],...] [--out FILE]
+       [--no-lookup] [--wrong N[,N]] [--arms NAME:VAR=VAL[;--flag],...] [--plain-arms]
+       [--out FILE]
 """
 import argparse
 import hashlib
@@ -57,6 +60,8 @@ def main():
     ap.add_argument("--wrong", default="",
                     help="also draft from the reference with every Nth id replaced (N[,N...])")
     ap.add_argument("--arms", default="", help="extra environments for the speculative configs")
+    ap.add_argument("--plain-arms", action="store_true",
+                    help="also run each extra arm without drafts (e.g. decoder:--decoder)")
     ap.add_argument("--out")
     a = ap.parse_args()
     r = random.Random(0)
@@ -73,9 +78,13 @@ def main():
         spec += [(f"given{k}-wrong{n}",
                   ["--speculate", str(k), "--drafts-from", ",".join(map(str, wrong))])
                  for k in ks]
-    configs = [("serial", [], {})] + [
+    arms = parse_arms(a.arms)
+    # With --plain-arms each extra arm also runs without drafts ("serial@ARM").
+    plain = [(f"serial@{arm}", flags, env) for arm, env, flags in arms
+             if arm != "default" and a.plain_arms]
+    configs = [("serial", [], {})] + plain + [
         (name if arm == "default" else f"{name}@{arm}", extra + flags, env)
-        for arm, env, flags in parse_arms(a.arms) for name, extra in spec]
+        for arm, env, flags in arms for name, extra in spec]
     rows, ok = [], True
     for rnd in range(1, a.rounds + 1):
         for name, extra, env in configs:

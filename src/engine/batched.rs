@@ -13,6 +13,11 @@
 //! share of the step queued meanwhile is dropped with its cache); a row whose pending token is
 //! surely its last (`max_tokens`) takes no part in the next step.
 //!
+//! A decoder given speculation ([`Decoder::with_speculation`]) verifies drafts for a row that
+//! runs ALONE (a lone call, or the last row of a batch): its steps are then the verification
+//! steps of [`super::speculative`], over the decoder's shared KV, and give the same tokens.
+//! Rows that run together step plainly, pipelined.
+//!
 //! [`Decoder`] is the MLX-side mechanism (also used by the benchmark and the tests);
 //! [`Batched`] drives it from the engine queue. [`select`] runs a start-up self-check and
 //! falls back to the serial backend, saying why, if batched and serial ever disagree.
@@ -23,9 +28,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, BackendInfo, Generate, Intake, Serial};
+use super::draft_schedule::DraftSchedule;
 use super::model_backend::ModelBackend;
 use super::request::{Completion, Job, StopReason};
 use super::scheduler::{self, after_token, Limits, Verdict};
+use super::speculative::{lookup_draft, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
@@ -33,7 +40,8 @@ use mlx_rs::Array;
 use mlx_rs::transforms::async_eval;
 
 use crate::generate::{
-    greedy, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, PREFILL_STEP,
+    greedy, ids_array, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions,
+    PREFILL_STEP,
 };
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
 use crate::model::batch_kv::{self, SharedKv};
@@ -69,12 +77,17 @@ pub struct RowOutput {
     pub ids: Vec<u32>,
     /// Why the row ended.
     pub stop: StopReason,
+    /// The stop id that ended the row (with [`StopReason::Eos`]; not in `ids`).
+    pub stop_id: Option<u32>,
     /// Prompt ids prefilled.
     pub prompt_tokens: usize,
     /// Time of the row's prefill.
     pub prefill_time: Duration,
     /// Summed time of the decode steps the row took part in.
     pub decode_time: Duration,
+    /// What the row's drafts did, where the decoder speculates
+    /// ([`Decoder::with_speculation`]); `None` otherwise.
+    pub speculation: Option<SpeculationStats>,
 }
 
 /// The picks of one queued decode step, read from the device once, by the first row asking.
@@ -129,6 +142,16 @@ fn whole_picks<'a, T>(group: &'a [&mut Row<T>]) -> Option<&'a Array> {
     (all && first.array.size() == group.len()).then_some(&first.array)
 }
 
+/// A row's drafting state in a decoder that speculates.
+struct RowDrafts {
+    /// The prompt: lookup drafts come from it and the output.
+    prompt: Vec<u32>,
+    schedule: DraftSchedule,
+    stats: SpeculationStats,
+    /// Whether the row's pending step was queued while drafting was paused.
+    pending_paused: bool,
+}
+
 /// A row in the running set: its cache, the token to feed next, what it generated so far.
 pub struct Row<T> {
     tag: T,
@@ -143,6 +166,8 @@ pub struct Row<T> {
     prompt_tokens: usize,
     prefill_time: Duration,
     decode_time: Duration,
+    /// Set where the decoder speculates.
+    drafts: Option<RowDrafts>,
 }
 
 impl<T> Row<T> {
@@ -161,33 +186,54 @@ impl<T> Row<T> {
         self.tag
     }
 
-    fn finish(self, stop: StopReason) -> (T, RowOutput) {
+    fn finish(self, stop: StopReason, stop_id: Option<u32>) -> (T, RowOutput) {
         (
             self.tag,
             RowOutput {
                 ids: self.ids,
                 stop,
+                stop_id,
                 prompt_tokens: self.prompt_tokens,
                 prefill_time: self.prefill_time,
                 decode_time: self.decode_time,
+                speculation: self.drafts.map(|d| d.stats),
             },
         )
     }
 
-    /// Applies the serial rule to `token`: `Some` when the row ends with it.
-    fn take(mut self, token: u32, stop_ids: &[u32]) -> std::result::Result<Row<T>, (T, RowOutput)> {
-        match after_token(token, self.ids.len(), self.max_tokens, stop_ids) {
-            Verdict::Eos => Err(self.finish(StopReason::Eos)),
+    /// Counts the step whose token was just read (speculation statistics only).
+    fn counted_read(mut self) -> Row<T> {
+        if let Some(d) = &mut self.drafts {
+            d.stats.steps += 1;
+            d.stats.paused_steps += usize::from(d.pending_paused);
+            d.pending_paused = false;
+        }
+        self
+    }
+
+    /// Counts a plain step queued for the row (the schedule's pause runs down).
+    fn count_plain_step(&mut self) {
+        if let Some(d) = &mut self.drafts {
+            d.pending_paused = d.schedule.paused();
+            d.schedule.plain_step();
+        }
+    }
+
+    /// Applies the serial rule to `token`: the row runs on, or it ended with it.
+    fn take(mut self, token: u32, stop_ids: &[u32]) -> Started<T> {
+        let (tag, out) = match after_token(token, self.ids.len(), self.max_tokens, stop_ids) {
+            Verdict::Eos => self.finish(StopReason::Eos, Some(token)),
             Verdict::MaxTokens => {
                 self.ids.push(token);
-                Err(self.finish(StopReason::MaxTokens))
+                self.finish(StopReason::MaxTokens, None)
             }
             Verdict::Continue => {
                 self.ids.push(token);
                 self.last = token;
-                Ok(self)
+                return Started::Running(self);
             }
-        }
+        };
+        Started::Done(tag, out)
     }
 }
 
@@ -218,6 +264,7 @@ pub struct Decoder<'a> {
     product_kernel: bool,
     stacked_attention: bool,
     shared_kv: Option<Arc<Mutex<SharedKv>>>,
+    speculate: Option<SpeculateOptions>,
     profile: Cell<DecodeProfile>,
 }
 
@@ -244,6 +291,7 @@ impl<'a> Decoder<'a> {
             product_kernel: product_kernel_default(model),
             stacked_attention: stacked_attention_default(model),
             shared_kv: shared_kv_default(model).then(SharedKv::new),
+            speculate: None,
             profile: Cell::new(DecodeProfile::default()),
         }
     }
@@ -269,10 +317,33 @@ impl<'a> Decoder<'a> {
     }
 
     /// Sets [`Decoder::shared_kv`] (before any row steps: rows that joined shared buffers
-    /// keep them).
+    /// keep them). A decoder that speculates keeps the shared KV whatever `on` says.
     pub fn with_shared_kv(mut self, on: bool) -> Decoder<'a> {
-        self.shared_kv = on.then(SharedKv::new);
+        self.shared_kv = (on || self.speculate.is_some()).then(SharedKv::new);
         self
+    }
+
+    /// Verifies drafts for a row that runs alone (`spec`'s drafts, draft count and schedule;
+    /// `None`: never). Why alone: a verification step waits for the previous step's token
+    /// (its drafts follow from it) and multiplies the rows of the step it joins, where a row
+    /// running with others already shares its step's host cost. A lone row's steps are
+    /// exactly [`super::speculative::greedy_speculative`]'s: verification steps where the text
+    /// drafts, pipelined plain steps where it does not or where the schedule pauses. The
+    /// tokens are the serial ones either way. [`Drafts::Continuation`] drafts the same
+    /// continuation for every row (tests and benchmarks of one row). Verification steps
+    /// write draft rows into the shared KV, so speculation turns [`Decoder::shared_kv`] on.
+    /// Set before any row starts.
+    pub fn with_speculation(mut self, spec: Option<SpeculateOptions>) -> Decoder<'a> {
+        if spec.is_some() && self.shared_kv.is_none() {
+            self.shared_kv = Some(SharedKv::new());
+        }
+        self.speculate = spec;
+        self
+    }
+
+    /// The speculation this decoder runs lone rows with, if any.
+    pub fn speculation(&self) -> Option<&SpeculateOptions> {
+        self.speculate.as_ref()
     }
 
     /// At most this many rows go through one decode forward; a larger running set is stepped
@@ -398,9 +469,15 @@ impl<'a> Decoder<'a> {
             prompt_tokens: req.prompt.len(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            drafts: self.speculate.as_ref().map(|s| RowDrafts {
+                prompt: req.prompt.clone(),
+                schedule: DraftSchedule::new(s.max_drafts.min(MAX_DRAFTS), s.adaptive),
+                stats: SpeculationStats::default(),
+                pending_paused: false,
+            }),
         };
         if req.max_tokens == 0 {
-            let (tag, out) = row.finish(StopReason::MaxTokens);
+            let (tag, out) = row.finish(StopReason::MaxTokens, None);
             return Ok(Started::Done(tag, out));
         }
         let started = Instant::now();
@@ -421,10 +498,7 @@ impl<'a> Decoder<'a> {
             self.bytes_per_token
                 .set(self.bytes_per_token.get().max(per));
         }
-        Ok(match row.take(first, self.stop_ids) {
-            Ok(row) => Started::Running(row),
-            Err((tag, out)) => Started::Done(tag, out),
-        })
+        Ok(row.take(first, self.stop_ids))
     }
 
     /// Builds and queues one decode forward over the rows marked in `stepping`, in groups of
@@ -497,11 +571,18 @@ impl<'a> Decoder<'a> {
 
     /// One decode step over the running rows, pipelined: queues the next step (on the pending
     /// tokens, still lazy), then reads the pending tokens and applies the serial rule to them.
+    /// In a speculating decoder a row running alone may instead take a verification step
+    /// (see [`Decoder::with_speculation`]).
     /// Rows that end leave `rows` (dropping their caches) and are returned. On error `rows`
     /// is left as it was.
     pub fn step<T>(&self, rows: &mut Vec<Row<T>>) -> Result<Vec<(T, RowOutput)>> {
         if rows.is_empty() {
             return Ok(Vec::new());
+        }
+        if let (Some(spec), 1) = (&self.speculate, rows.len()) {
+            if let Some(done) = self.step_alone(spec, rows)? {
+                return Ok(done);
+            }
         }
         let started = Instant::now();
         // Every row steps but those whose pending token is surely their last.
@@ -511,6 +592,9 @@ impl<'a> Decoder<'a> {
             .collect();
         let queued = if stepping.contains(&true) {
             let picks = self.queue_step(rows, &stepping)?;
+            for (row, _) in rows.iter_mut().zip(&stepping).filter(|(_, &s)| s) {
+                row.count_plain_step();
+            }
             Some(Rc::new(Picks {
                 array: picks,
                 host: OnceCell::new(),
@@ -548,10 +632,10 @@ impl<'a> Decoder<'a> {
             };
             row.pending = None;
             let row = match token {
-                Some(token) => match row.take(token, self.stop_ids) {
-                    Ok(row) => row,
-                    Err(finished) => {
-                        done.push(finished);
+                Some(token) => match row.counted_read().take(token, self.stop_ids) {
+                    Started::Running(row) => row,
+                    Started::Done(tag, out) => {
+                        done.push((tag, out));
                         continue;
                     }
                 },
@@ -565,6 +649,156 @@ impl<'a> Decoder<'a> {
         }
         *rows = keep;
         Ok(done)
+    }
+
+    /// The drafts for `row`'s next positions, at most `max` (see [`Decoder::with_speculation`]).
+    fn draft<T>(spec: &SpeculateOptions, row: &Row<T>, max: usize) -> Vec<u32> {
+        if max == 0 || row.drafts.is_none() {
+            return Vec::new();
+        }
+        match (&spec.drafts, &row.drafts) {
+            (Drafts::Lookup { ngram }, Some(d)) => {
+                let text: Vec<u32> = d.prompt.iter().chain(&row.ids).copied().collect();
+                lookup_draft(&text, *ngram, max)
+            }
+            (Drafts::Continuation(c), _) => {
+                c.iter().skip(row.ids.len()).take(max).copied().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The step of a row running alone in a speculating decoder, or `None` where it takes a
+    /// plain pipelined step ([`Decoder::step`]'s). A row whose pending step was queued plain
+    /// keeps the pipeline while the text known so far drafts nothing (or the schedule
+    /// pauses): the next step is queued before that token is read, as
+    /// [`super::speculative::greedy_speculative`] does. Otherwise the pending token is read,
+    /// and where the text then drafts, one verification step (the row fed its last token and
+    /// one draft row per draft) runs and is read at once: the row takes the picks of the
+    /// rows whose drafts were right and the pick after them, each under the serial rule.
+    fn step_alone<T>(
+        &self,
+        spec: &SpeculateOptions,
+        rows: &mut Vec<Row<T>>,
+    ) -> Result<Option<Vec<(T, RowOutput)>>> {
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let paused = row.drafts.as_ref().is_none_or(|d| d.schedule.paused());
+        if row.pending.is_some() && (paused || Self::draft(spec, row, 1).is_empty()) {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let mut row = match &row.pending {
+            Some(pending) => {
+                let token = pending.read()?;
+                self.add_profile(DecodeProfile {
+                    wait: started.elapsed(),
+                    ..DecodeProfile::default()
+                });
+                let Some(mut row) = rows.pop() else {
+                    return Ok(None);
+                };
+                row.pending = None;
+                row.decode_time += started.elapsed();
+                match row.counted_read().take(token, self.stop_ids) {
+                    Started::Running(row) => row,
+                    Started::Done(tag, out) => return Ok(Some(vec![(tag, out)])),
+                }
+            }
+            None => match rows.pop() {
+                Some(row) => row,
+                None => return Ok(None),
+            },
+        };
+        let allowed = row.drafts.as_ref().map_or(0, |d| d.schedule.allowed());
+        // A step yields at most 1 + drafts tokens: drafts past the budget are never used.
+        let budget = row
+            .max_tokens
+            .saturating_sub(row.ids.len() + 1)
+            .min(allowed);
+        let drafted = Self::draft(spec, &row, budget);
+        if drafted.is_empty() {
+            rows.push(row);
+            return Ok(None);
+        }
+        let verified = Instant::now();
+        let (picks, accepted) = match self.verify(&mut row, &drafted) {
+            Ok(v) => v,
+            Err(e) => {
+                rows.push(row);
+                return Err(e);
+            }
+        };
+        row.decode_time += verified.elapsed();
+        if let Some(d) = &mut row.drafts {
+            d.stats.steps += 1;
+            d.stats.steps_with_drafts += 1;
+            d.stats.drafted += drafted.len();
+            d.stats.accepted += accepted;
+            d.schedule.verified(drafted.len(), accepted);
+        }
+        for &token in picks.iter().take(accepted + 1) {
+            row = match row.take(token, self.stop_ids) {
+                Started::Running(row) => row,
+                Started::Done(tag, out) => return Ok(Some(vec![(tag, out)])),
+            };
+        }
+        rows.push(row);
+        Ok(Some(Vec::new()))
+    }
+
+    /// Runs one verification step for `row` (no token pending) and `drafted` and reads its
+    /// picks, one per row, and how many drafts were right; the row's cache keeps the positions
+    /// of the accepted drafts.
+    fn verify<T>(&self, row: &mut Row<T>, drafted: &[u32]) -> Result<(Vec<u32>, usize)> {
+        let kv = self
+            .shared_kv
+            .as_ref()
+            .ok_or_else(|| Error::Internal("speculation without a shared KV".into()))?;
+        let t0 = Instant::now();
+        if row.cache.slot().is_none() {
+            batch_kv::join(kv, &mut row.cache)?;
+        }
+        let mut drafts = Vec::with_capacity(drafted.len());
+        for i in 0..drafted.len() {
+            drafts.push(row.cache.draft_row(i + 1, batch_kv::reserve(kv)?)?);
+        }
+        let inputs: Vec<u32> = std::iter::once(row.last)
+            .chain(drafted.iter().copied())
+            .collect();
+        self.model.check_ids(&inputs)?;
+        let tokens = ids_array(&inputs, &[inputs.len() as i32, 1])?;
+        let ctx = self.ctx(vec![row.adapters.clone(); inputs.len()])?;
+        let mut caches: Vec<&mut RowCache> = std::iter::once(&mut row.cache)
+            .chain(drafts.iter_mut())
+            .collect();
+        let picks = step_picks(self.model, &tokens, &mut caches, &ctx)?;
+        let t1 = Instant::now();
+        async_eval([&picks])?;
+        let t2 = Instant::now();
+        let picks = read_tokens(&picks)?;
+        self.add_profile(DecodeProfile {
+            steps: 1,
+            build: t1 - t0,
+            queue: t2 - t1,
+            wait: t2.elapsed(),
+        });
+        if picks.len() != inputs.len() {
+            return Err(Error::Internal(format!(
+                "a verification step over {} rows returned {} tokens",
+                inputs.len(),
+                picks.len()
+            )));
+        }
+        let accepted = drafted
+            .iter()
+            .zip(&picks)
+            .take_while(|(d, p)| d == p)
+            .count();
+        let refs: Vec<&RowCache> = drafts.iter().collect();
+        batch_kv::accept(&mut row.cache, &refs, accepted)?;
+        Ok((picks, accepted))
     }
 
     /// How many of `waiting` to admit under `limits` (estimated final KV bytes per row), by
@@ -698,7 +932,7 @@ impl Batched {
             stop: out.stop,
             prefill_time: out.prefill_time,
             decode_time: out.decode_time,
-            speculation: None,
+            speculation: out.speculation,
         })
     }
 }
@@ -706,14 +940,18 @@ impl Batched {
 impl Backend for Batched {
     fn info(&self) -> BackendInfo {
         BackendInfo {
-            mode: "batched".into(),
+            mode: match self.inner.speculation() {
+                None => "batched".into(),
+                Some(s) => format!("batched, speculative k{} (rows alone)", s.max_drafts),
+            },
             ..Generate::info(&self.inner)
         }
     }
 
     fn run(&mut self, jobs: Vec<Job>, intake: &mut Intake<'_>) {
         let decoder = Decoder::new(self.inner.model(), self.inner.stop_ids())
-            .with_registry(self.inner.adapters().clone());
+            .with_registry(self.inner.adapters().clone())
+            .with_speculation(self.inner.speculation().cloned());
         let mut waiting: VecDeque<Job> = jobs.into();
         let mut running: Vec<Row<Job>> = Vec::new();
         loop {
@@ -835,13 +1073,22 @@ fn probes(vocab: usize) -> Vec<RowRequest> {
 }
 
 /// Why batched and serial disagree on the probes, or `None` when they agree token for token.
-pub fn self_check(model: &Model, stop_ids: &[u32], width: usize) -> Option<String> {
+/// `spec`: the speculation the batched backend runs lone rows with (the probes' last rows run
+/// alone).
+pub fn self_check(
+    model: &Model,
+    stop_ids: &[u32],
+    width: usize,
+    spec: Option<&SpeculateOptions>,
+) -> Option<String> {
     let reqs = probes(model.info().vocab_size);
     let limits = Limits {
         width: width.min(reqs.len() - 1).max(2),
         kv_budget: None,
     };
-    let batched = Decoder::new(model, stop_ids).run_rows(reqs.clone(), limits);
+    let batched = Decoder::new(model, stop_ids)
+        .with_speculation(spec.cloned())
+        .run_rows(reqs.clone(), limits);
     for (i, (req, got)) in reqs.into_iter().zip(batched).enumerate() {
         let opts = GenerateOptions {
             max_tokens: req.max_tokens,
@@ -874,7 +1121,7 @@ pub fn select(inner: ModelBackend, width: usize, kv_budget: Option<u64>) -> Box<
     if width <= 1 {
         return Box::new(Serial(inner));
     }
-    match self_check(inner.model(), inner.stop_ids(), width) {
+    match self_check(inner.model(), inner.stop_ids(), width, inner.speculation()) {
         None => Box::new(Batched::new(inner, width, kv_budget)),
         Some(why) => {
             tracing::warn!("batched decoding disabled: {why}");

@@ -120,6 +120,11 @@ impl ModelBackend {
         })
     }
 
+    /// The speculation calls decode with (`speculate` in the config), if any.
+    pub fn speculation(&self) -> Option<&SpeculateOptions> {
+        self.speculate.as_ref()
+    }
+
     /// The ids generation stops at: the model's eos ids plus the tokenizer's eos.
     pub fn stop_ids(&self) -> &[u32] {
         &self.stop_ids

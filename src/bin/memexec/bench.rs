@@ -1,7 +1,8 @@
 //! `memexec bench`: BENCH.md. Loads the model once, renders the EXTRACT / SHORT / UNIFORM
 //! prompts through the prompter (stage defaults), runs memexec serial and batched at the given
 //! widths (interleaved repetitions, medians), with `--speculate N` also serial with drafts
-//! verified (speculative decoding: its acceptance counts), counts outputs identical to serial, then runs
+//! verified (speculative decoding: its acceptance counts) and each width verifying drafts for
+//! rows running alone, counts outputs identical to serial, then runs
 //! mlx-lm (serial `generate_step`, `batch_generate`) on the same prompt ids and model through
 //! scripts/bench/mlx_lm_bench.py, and prints one table (and JSON with --json-out).
 use std::path::{Path, PathBuf};
@@ -65,8 +66,9 @@ pub struct Args {
     #[arg(long)]
     json_out: Option<PathBuf>,
     /// Also run serial with up to N drafts per step found by n-gram lookup in the prompt and
-    /// output, verified exactly (speculative decoding; mode "speculative kN"): its speed, its
-    /// outputs identical to serial and how many drafts were accepted. 0 = off.
+    /// output, verified exactly (speculative decoding; mode "speculative kN"), and each width
+    /// with drafts verified for rows running alone ("batched wW, speculative kN"): their
+    /// speed, outputs identical to serial and how many drafts were accepted. 0 = off.
     #[arg(long, default_value_t = 0, value_name = "N")]
     speculate: usize,
     /// The longest n-gram the lookup matches (with --speculate).
@@ -84,6 +86,13 @@ enum Mode {
     Speculative { drafts: usize, ngram: usize },
     /// Continuous batching at this width.
     Batched(usize),
+    /// Continuous batching at this width, verifying lookup drafts for rows running alone
+    /// (`Decoder::with_speculation`).
+    BatchedSpeculative {
+        width: usize,
+        drafts: usize,
+        ngram: usize,
+    },
 }
 
 impl Mode {
@@ -92,12 +101,15 @@ impl Mode {
             Mode::Serial => "serial".into(),
             Mode::Speculative { drafts, .. } => format!("speculative k{drafts}"),
             Mode::Batched(w) => format!("batched w{w}"),
+            Mode::BatchedSpeculative { width, drafts, .. } => {
+                format!("batched w{width}, speculative k{drafts}")
+            }
         }
     }
 
     fn width(self) -> usize {
         match self {
-            Mode::Batched(w) => w,
+            Mode::Batched(w) | Mode::BatchedSpeculative { width: w, .. } => w,
             _ => 1,
         }
     }
@@ -182,8 +194,9 @@ fn run_batched(
     prompts: &[Vec<u32>],
     max_tokens: usize,
     width: usize,
+    spec: Option<SpeculateOptions>,
 ) -> Result<Measured> {
-    let decoder = Decoder::new(backend.model(), backend.stop_ids());
+    let decoder = Decoder::new(backend.model(), backend.stop_ids()).with_speculation(spec);
     let reqs = prompts
         .iter()
         .map(|p| RowRequest::new(p.clone(), max_tokens))
@@ -199,17 +212,21 @@ fn run_batched(
     let e2e = t.elapsed();
     let mut prefill = Duration::ZERO;
     let mut ids = Vec::new();
+    let mut speculation: Option<SpeculationStats> = None;
     for o in outs {
         let o = o?;
         prefill += o.prefill_time;
         ids.push(o.ids);
+        if let Some(s) = o.speculation {
+            *speculation.get_or_insert_with(Default::default) += s;
+        }
     }
     Ok(Measured {
         e2e,
         prefill,
         ids,
         profile: decoder.profile(),
-        speculation: None,
+        speculation,
     })
 }
 
@@ -227,7 +244,15 @@ fn measure(
             let spec = SpeculateOptions::new(Drafts::Lookup { ngram }, drafts)?;
             run_serial(backend, prompts, max_tokens, Some(&spec))?
         }
-        Mode::Batched(w) => run_batched(backend, prompts, max_tokens, w)?,
+        Mode::Batched(w) => run_batched(backend, prompts, max_tokens, w, None)?,
+        Mode::BatchedSpeculative {
+            width,
+            drafts,
+            ngram,
+        } => {
+            let spec = SpeculateOptions::new(Drafts::Lookup { ngram }, drafts)?;
+            run_batched(backend, prompts, max_tokens, width, Some(spec))?
+        }
     };
     let peak = mlx_rs::memory::peak_memory().map_or(0, |b| b as u64);
     Ok((m, peak))
@@ -382,9 +407,17 @@ pub fn run(args: Args) -> Result<()> {
             drafts: args.speculate,
             ngram: args.ngram,
         });
+        let batched = args.widths.iter().flat_map(|&width| {
+            let spec = (args.speculate > 0).then_some(Mode::BatchedSpeculative {
+                width,
+                drafts: args.speculate,
+                ngram: args.ngram,
+            });
+            std::iter::once(Mode::Batched(width)).chain(spec)
+        });
         let modes: Vec<Mode> = std::iter::once(Mode::Serial)
             .chain(speculative)
-            .chain(args.widths.iter().map(|&w| Mode::Batched(w)))
+            .chain(batched)
             .collect();
         // Warm-up, untimed: every batch shape once, on the prompts' first 16 ids (full
         // prefills here would double the run time on CPU).

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
 
+use memexec::engine::scheduler::Limits;
 use memexec::engine::speculative::{
     greedy_speculative, Drafts, SpeculateOptions, SpeculationStats,
 };
+use memexec::engine::{Decoder, RowRequest};
 use memexec::generate::{greedy, GenerateOptions, Generation, StopReason};
 use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
 use memexec::model::Model;
@@ -75,6 +77,11 @@ pub struct Args {
     /// draft count.
     #[arg(long, requires = "speculate")]
     fixed_drafts: bool,
+    /// Run through the batched decoder as one row alone (the path a batched engine takes
+    /// for a lone call: its one-row steps, and with --speculate its verification of drafts
+    /// for a row running alone) instead of the serial loop. The same ids.
+    #[arg(long, conflicts_with = "adapters")]
+    decoder: bool,
     /// Generate this many times before the reported run, with the same options (untimed):
     /// the first use of each step shape compiles kernels and captures graphs (seconds on MLX
     /// CUDA), which a speed figure should not include.
@@ -240,19 +247,60 @@ fn generation(
     opts: GenerateOptions,
     args: &Args,
 ) -> memexec::Result<(Generation, Option<SpeculationStats>)> {
-    if args.speculate == 0 {
-        return Ok((greedy(model, prompt, opts)?, None));
-    }
-    let drafts = if args.drafts_from.is_empty() {
-        Drafts::Lookup { ngram: args.ngram }
+    let spec = if args.speculate == 0 {
+        None
     } else {
-        Drafts::Continuation(args.drafts_from.clone())
+        let drafts = if args.drafts_from.is_empty() {
+            Drafts::Lookup { ngram: args.ngram }
+        } else {
+            Drafts::Continuation(args.drafts_from.clone())
+        };
+        let spec = SpeculateOptions::new(drafts, args.speculate).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("--speculate: {m}")),
+            e => e,
+        })?;
+        Some(spec.adaptive(!args.fixed_drafts))
     };
-    let spec = SpeculateOptions::new(drafts, args.speculate).map_err(|e| match e {
-        Error::InvalidArgument(m) => Error::InvalidArgument(format!("--speculate: {m}")),
-        e => e,
-    })?;
-    let spec = spec.adaptive(!args.fixed_drafts);
-    let (g, stats) = greedy_speculative(model, prompt, opts, &spec)?;
-    Ok((g, Some(stats)))
+    if args.decoder {
+        return through_decoder(model, prompt, opts, spec);
+    }
+    match spec {
+        None => Ok((greedy(model, prompt, opts)?, None)),
+        Some(spec) => {
+            let (g, stats) = greedy_speculative(model, prompt, opts, &spec)?;
+            Ok((g, Some(stats)))
+        }
+    }
+}
+
+/// `--decoder`: one row alone through [`Decoder`] (no adapters: `--adapter` conflicts).
+fn through_decoder(
+    model: &Model,
+    prompt: &[u32],
+    opts: GenerateOptions,
+    spec: Option<SpeculateOptions>,
+) -> memexec::Result<(Generation, Option<SpeculationStats>)> {
+    let stop_ids = opts.stop_ids_for(model);
+    let decoder = Decoder::new(model, &stop_ids).with_speculation(spec);
+    let req = RowRequest::new(prompt.to_vec(), opts.max_tokens);
+    let limits = Limits {
+        width: 1,
+        kv_budget: None,
+    };
+    let out = decoder
+        .run_rows(vec![req], limits)
+        .pop()
+        .unwrap_or_else(|| Err(Error::Internal("the decoder lost the row".into())))?;
+    let stop = match out.stop_id {
+        Some(id) => StopReason::Eos(id),
+        None => StopReason::MaxTokens,
+    };
+    let g = Generation {
+        ids: out.ids,
+        stop,
+        prefill_time: out.prefill_time,
+        decode_time: out.decode_time,
+        decode_profile: decoder.profile(),
+    };
+    Ok((g, out.speculation))
 }

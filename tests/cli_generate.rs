@@ -1,0 +1,53 @@
+//! `memexec generate` through the batched decoder (`--decoder`: one row alone, the path a
+//! batched engine takes for a lone call) gives the serial loop's ids, plainly and verifying
+//! drafts (`--speculate` with `--drafts-from` the serial ids: every draft right).
+mod model_support;
+
+use std::process::Command;
+
+use model_support::model_dir;
+use serde_json::Value;
+
+/// `memexec generate --json` on the tiny fixture with `extra` arguments.
+fn generate(extra: &[&str]) -> Value {
+    let prompt: Vec<String> = (0..45u32)
+        .map(|t| (2 + (t * 131 + t * t) % 4000).to_string())
+        .collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_memexec"))
+        .args(["generate", "--json", "--ignore-eos", "--max-tokens", "40"])
+        .arg("--model")
+        .arg(model_dir("tiny-gemma4-q4-f32"))
+        .arg("--prompt-ids")
+        .arg(prompt.join(","))
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run memexec");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "memexec generate {extra:?}: {stderr}");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn the_decoder_gives_the_serial_ids_plainly_and_with_drafts() {
+    let serial = generate(&[]);
+    let ids = serial["ids"].as_array().expect("ids").clone();
+    assert_eq!(ids.len(), 40, "{serial}");
+    let plain = generate(&["--decoder"]);
+    assert_eq!(plain["ids"].as_array(), Some(&ids));
+    let drafts: Vec<String> = ids.iter().map(|v| v.to_string()).collect();
+    let speculative = generate(&[
+        "--decoder",
+        "--speculate",
+        "4",
+        "--drafts-from",
+        &drafts.join(","),
+    ]);
+    assert_eq!(speculative["ids"].as_array(), Some(&ids));
+    let s = &speculative["speculation"];
+    let (drafted, accepted) = (s["drafted"].as_u64(), s["accepted"].as_u64());
+    assert!(drafted.is_some_and(|d| d > 0), "{s}");
+    assert_eq!(drafted, accepted, "{s}");
+    // 40 tokens in steps of up to 5: far fewer steps than tokens.
+    assert!(s["steps"].as_u64().is_some_and(|n| n * 2 <= 40), "{s}");
+}
