@@ -8,7 +8,8 @@
 #                e4b checks cover bf16)
 #   .gpu/send3/  optional: the f32 tiny fixture + its mlx-lm oracle (tar.gz), for `oracle_gpu`
 #                only (the tiny fixture is no GPU oracle: session 2); it stopped fitting in
-#                send1 once the tree passed ~15 MiB. Carry it in any later call.
+#                send1 once the tree passed ~15 MiB. Carry it in any later call. REQUIRED
+#                (third call) once send2 cannot hold the tokenizer: then it holds that too.
 # Each bundle holds MANIFEST-<n> (sha256 of its files, the bundle count and a prepare id),
 # so scripts/gpu/remote.sh can check what arrived and tell what is still missing.
 #
@@ -125,15 +126,24 @@ pack_fixture() { # name dest
 pack_fixture tiny-gemma4-q4-f32 "$S3"
 [ "$BF16_FIXTURE" = 1 ] && pack_fixture tiny-gemma4-q4 "$S2"
 rm -rf "$OUTD/stage"
+# The tracked tree grows with every benchmark folder: once bundles 1 and 2 cannot hold
+# everything (session 31: 0.5 MiB short), the tokenizer moves to send3, which is then
+# required (its manifests say `bundles 3`).
+NB=2
+if [ $(( $(du -sb "$S2" | cut -f1) + 65536 )) -gt "$MAX_BYTES" ]; then
+  mv "$S2/tokenizer-gemma4.tar.xz" "$S3/"
+  NB=3
+  log "send2 too large with the tokenizer: it travels in send3, now required"
+fi
 
 # --- manifests: sha256 per file, the bundle count, one id for this prepare run
 ID=$(cat "$S1"/* "$S2"/* "$S3"/* | sha256sum | cut -c1-16)
 for n in 1 2 3; do
   d=$OUTD/send$n
   {
-    echo "# memexec-gpu bundle $n (1 and 2 required, 3 optional), prepare id $ID, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "# memexec-gpu bundle $n (1 to $NB required$([ "$NB" = 2 ] && echo ', 3 optional')), prepare id $ID, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "id $ID"
-    echo "bundles 2"
+    echo "bundles $NB"
     echo "cuda_wheel $CUDA_WHL"
     (cd "$d" && sha256sum -- * | sed 's/^/file /')
   } >"$OUTD/MANIFEST-$n.tmp"
@@ -145,4 +155,9 @@ for n in 1 2 3; do
 done
 log "tracked tree: $tree_kib KiB; prepare id $ID"
 log "next: run(carry=[\".gpu/send1\"], command=\"bash scripts/gpu/remote.sh\"), then at once"
-log "      run(carry=[\".gpu/send2\"], command=\"bash scripts/gpu/remote.sh '<cmd>' ...\")"
+if [ "$NB" = 3 ]; then
+  log "      run(carry=[\".gpu/send2\"], command=\"bash scripts/gpu/remote.sh\"), then at once"
+  log "      run(carry=[\".gpu/send3\"], command=\"bash scripts/gpu/remote.sh '<cmd>' ...\")"
+else
+  log "      run(carry=[\".gpu/send2\"], command=\"bash scripts/gpu/remote.sh '<cmd>' ...\")"
+fi
