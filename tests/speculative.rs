@@ -427,3 +427,41 @@ fn batched_rows_that_come_to_run_alone_verify_drafts_with_the_serial_tokens() {
     assert!(stats0.steps_with_drafts >= 2, "{stats0:?}");
     assert_eq!(decoder.shared_kv_rows(), Some(0), "every slot freed");
 }
+
+#[test]
+fn a_lone_row_of_the_batched_decoder_verifies_drafts_with_its_adapter() {
+    let model = model(WeightChoice::Quantized);
+    let stop = model.info().eos_token_ids.clone();
+    let (registry, adapters) = mount_adapters(&model, &["lora-default"]);
+    let stack = AdapterStack::single(adapters[0]);
+    let activation =
+        Activation::per_row(registry.clone(), vec![stack.clone()]).expect("activation");
+    let prompt = ids(36, 5, 0);
+    let want = greedy(&model, &prompt, options(40, activation)).expect("serial");
+    let base = greedy(&model, &prompt, options(40, None)).expect("serial base");
+    assert_ne!(want.ids, base.ids, "the adapter should change the output");
+    let spec =
+        SpeculateOptions::new(Drafts::Continuation(want.ids.clone()), MAX_DRAFTS).expect("options");
+    let decoder = Decoder::new(&model, &stop)
+        .with_registry(registry)
+        .with_speculation(Some(spec));
+    let req = RowRequest {
+        adapters: stack,
+        ..RowRequest::new(prompt, 40)
+    };
+    let limits = Limits {
+        width: 2,
+        kv_budget: None,
+    };
+    let out = decoder
+        .run_rows(vec![req], limits)
+        .pop()
+        .expect("one row")
+        .expect("row");
+    let stats = out.speculation.expect("speculation counts");
+    assert_eq!(out.ids, want.ids, "{stats:?}");
+    assert!(
+        stats.drafted > 0 && stats.accepted == stats.drafted,
+        "{stats:?}"
+    );
+}
