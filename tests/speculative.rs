@@ -36,6 +36,14 @@ fn ids(len: usize, r: u32, period: usize) -> Vec<u32> {
         .collect()
 }
 
+/// `ids` with every third one replaced by another id of a `vocab`-token vocabulary.
+fn every_third_wrong(ids: &[u32], vocab: u32) -> Vec<u32> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, &t)| if i % 3 == 2 { (t + 1) % vocab } else { t })
+        .collect()
+}
+
 fn options(max_tokens: usize, adapters: Option<Activation>) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
@@ -126,12 +134,7 @@ fn wrong_drafts_are_rejected_and_change_nothing() {
         let prompt = ids(len, r as u32 + 3, 0);
         let want = greedy(&model, &prompt, options(60, None)).expect("serial");
         // Every third token of the continuation is wrong: steps accept 0-2 drafts.
-        let spoiled: Vec<u32> = want
-            .ids
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| if i % 3 == 2 { (t + 1) % vocab } else { t })
-            .collect();
+        let spoiled = every_third_wrong(&want.ids, vocab);
         for k in [2, MAX_DRAFTS] {
             let (got, _, stats) = speculate(
                 &model,
@@ -339,13 +342,7 @@ fn a_lone_row_of_the_batched_decoder_verifies_drafts_with_the_serial_tokens() {
         "{stats:?}"
     );
     // Every third draft wrong: rejections mid-step.
-    let spoiled: Vec<u32> = want
-        .ids
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| if i % 3 == 2 { (t + 1) % vocab } else { t })
-        .collect();
-    let spoiled = Drafts::Continuation(spoiled);
+    let spoiled = Drafts::Continuation(every_third_wrong(&want.ids, vocab));
     let [(got, stats)] =
         <[_; 1]>::try_from(batched(&model, &stop, spec(spoiled, MAX_DRAFTS), &req, 4))
             .unwrap_or_else(|_| panic!("one row"));

@@ -32,7 +32,7 @@ use super::draft_schedule::DraftSchedule;
 use super::model_backend::ModelBackend;
 use super::request::{Completion, Job, StopReason};
 use super::scheduler::{self, after_token, Limits, Verdict};
-use super::speculative::{lookup_draft, Drafts, SpeculateOptions, SpeculationStats, MAX_DRAFTS};
+use super::speculative::{verify_step, SpeculateOptions, SpeculationStats, MAX_DRAFTS};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::Array;
@@ -40,8 +40,7 @@ use mlx_rs::Array;
 use mlx_rs::transforms::async_eval;
 
 use crate::generate::{
-    greedy, ids_array, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions,
-    PREFILL_STEP,
+    greedy, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, PREFILL_STEP,
 };
 use crate::lora::{Activation, AdapterRegistry, AdapterStack};
 use crate::model::batch_kv::{self, SharedKv};
@@ -653,19 +652,11 @@ impl<'a> Decoder<'a> {
 
     /// The drafts for `row`'s next positions, at most `max` (see [`Decoder::with_speculation`]).
     fn draft<T>(spec: &SpeculateOptions, row: &Row<T>, max: usize) -> Vec<u32> {
-        if max == 0 || row.drafts.is_none() {
+        let Some(d) = &row.drafts else {
             return Vec::new();
-        }
-        match (&spec.drafts, &row.drafts) {
-            (Drafts::Lookup { ngram }, Some(d)) => {
-                let text: Vec<u32> = d.prompt.iter().chain(&row.ids).copied().collect();
-                lookup_draft(&text, *ngram, max)
-            }
-            (Drafts::Continuation(c), _) => {
-                c.iter().skip(row.ids.len()).take(max).copied().collect()
-            }
-            _ => Vec::new(),
-        }
+        };
+        let text: Vec<u32> = d.prompt.iter().chain(&row.ids).copied().collect();
+        spec.drafts.next(&text, row.ids.len(), max)
     }
 
     /// The step of a row running alone in a speculating decoder, or `None` where it takes a
@@ -732,10 +723,7 @@ impl<'a> Decoder<'a> {
         };
         row.decode_time += verified.elapsed();
         if let Some(d) = &mut row.drafts {
-            d.stats.steps += 1;
-            d.stats.steps_with_drafts += 1;
-            d.stats.drafted += drafted.len();
-            d.stats.accepted += accepted;
+            d.stats.verified(drafted.len(), accepted);
             d.schedule.verified(drafted.len(), accepted);
         }
         for &token in picks.iter().take(accepted + 1) {
@@ -748,57 +736,26 @@ impl<'a> Decoder<'a> {
         Ok(Some(Vec::new()))
     }
 
-    /// Runs one verification step for `row` (no token pending) and `drafted` and reads its
-    /// picks, one per row, and how many drafts were right; the row's cache keeps the positions
-    /// of the accepted drafts.
+    /// Runs one verification step for `row` (no token pending) and `drafted` and reads it
+    /// ([`verify_step`]): the picks, one per row, and how many drafts were right.
     fn verify<T>(&self, row: &mut Row<T>, drafted: &[u32]) -> Result<(Vec<u32>, usize)> {
         let kv = self
             .shared_kv
             .as_ref()
             .ok_or_else(|| Error::Internal("speculation without a shared KV".into()))?;
-        let t0 = Instant::now();
-        if row.cache.slot().is_none() {
-            batch_kv::join(kv, &mut row.cache)?;
-        }
-        let mut drafts = Vec::with_capacity(drafted.len());
-        for i in 0..drafted.len() {
-            drafts.push(row.cache.draft_row(i + 1, batch_kv::reserve(kv)?)?);
-        }
-        let inputs: Vec<u32> = std::iter::once(row.last)
-            .chain(drafted.iter().copied())
-            .collect();
-        self.model.check_ids(&inputs)?;
-        let tokens = ids_array(&inputs, &[inputs.len() as i32, 1])?;
-        let ctx = self.ctx(vec![row.adapters.clone(); inputs.len()])?;
-        let mut caches: Vec<&mut RowCache> = std::iter::once(&mut row.cache)
-            .chain(drafts.iter_mut())
-            .collect();
-        let picks = step_picks(self.model, &tokens, &mut caches, &ctx)?;
-        let t1 = Instant::now();
-        async_eval([&picks])?;
-        let t2 = Instant::now();
-        let picks = read_tokens(&picks)?;
-        self.add_profile(DecodeProfile {
-            steps: 1,
-            build: t1 - t0,
-            queue: t2 - t1,
-            wait: t2.elapsed(),
-        });
-        if picks.len() != inputs.len() {
-            return Err(Error::Internal(format!(
-                "a verification step over {} rows returned {} tokens",
-                inputs.len(),
-                picks.len()
-            )));
-        }
-        let accepted = drafted
-            .iter()
-            .zip(&picks)
-            .take_while(|(d, p)| d == p)
-            .count();
-        let refs: Vec<&RowCache> = drafts.iter().collect();
-        batch_kv::accept(&mut row.cache, &refs, accepted)?;
-        Ok((picks, accepted))
+        let ctx = self.ctx(vec![row.adapters.clone(); drafted.len() + 1])?;
+        let mut profile = DecodeProfile::default();
+        let verified = verify_step(
+            self.model,
+            &mut row.cache,
+            kv,
+            row.last,
+            drafted,
+            &ctx,
+            &mut profile,
+        );
+        self.add_profile(profile);
+        verified
     }
 
     /// How many of `waiting` to admit under `limits` (estimated final KV bytes per row), by

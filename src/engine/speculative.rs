@@ -14,6 +14,7 @@
 //! Drafts come from the text itself ([`Drafts::Lookup`], "prompt lookup": the pipeline's
 //! extraction and segmenting stages copy spans of their input) or from a given continuation
 //! ([`Drafts::Continuation`]: tests and benchmarks with drafts of a known quality).
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mlx_rs::transforms::async_eval;
@@ -50,6 +51,17 @@ pub enum Drafts {
     /// The next tokens of this continuation of the prompt (position `i` drafts output token
     /// `i`), whether or not the output followed it so far.
     Continuation(Vec<u32>),
+}
+
+impl Drafts {
+    /// At most `max` drafts for the positions after `text` (the prompt, then the output so
+    /// far, whose last `generated` tokens are the output).
+    pub fn next(&self, text: &[u32], generated: usize, max: usize) -> Vec<u32> {
+        match self {
+            Drafts::Lookup { ngram } => lookup_draft(text, *ngram, max),
+            Drafts::Continuation(c) => c.iter().skip(generated).take(max).copied().collect(),
+        }
+    }
 }
 
 /// Options of [`greedy_speculative`].
@@ -117,6 +129,16 @@ pub struct SpeculationStats {
     /// Steps run without drafts because the adaptive schedule had paused drafting after
     /// rejected drafts (a part of `steps - steps_with_drafts`; 0 with a fixed schedule).
     pub paused_steps: usize,
+}
+
+impl SpeculationStats {
+    /// Counts one verification step that fed `drafted` drafts, `accepted` of them right.
+    pub fn verified(&mut self, drafted: usize, accepted: usize) {
+        self.steps += 1;
+        self.steps_with_drafts += 1;
+        self.drafted += drafted;
+        self.accepted += accepted;
+    }
 }
 
 impl std::ops::AddAssign for SpeculationStats {
@@ -231,12 +253,7 @@ pub fn greedy_speculative_until(
     // The prompt, then the output: lookup drafts from both, the output is its tail.
     let mut text: Vec<u32> = prompt.to_vec();
     let generated = |text: &[u32]| text.len() - prompt.len();
-    let draft = |text: &[u32], max: usize| -> Vec<u32> {
-        match &spec.drafts {
-            Drafts::Lookup { ngram } => lookup_draft(text, *ngram, max),
-            Drafts::Continuation(c) => c.iter().skip(generated(text)).take(max).copied().collect(),
-        }
-    };
+    let draft = |text: &[u32], max: usize| spec.drafts.next(text, generated(text), max);
     let stop = 'decode: loop {
         if stop_ids.contains(&token) {
             break StopReason::Eos(token);
@@ -295,29 +312,13 @@ pub fn greedy_speculative_until(
             continue;
         }
         interrupted()?;
-        let t0 = Instant::now();
-        let adapters = &opts.adapters;
-        let (picks, mut drafts) = verify(model, &mut seq, &kv, token, &drafted, &base, adapters)?;
-        let t1 = Instant::now();
-        async_eval([&picks])?;
-        let t2 = Instant::now();
-        let picks = read_tokens(&picks)?;
-        profile.steps += 1;
-        profile.build += t1 - t0;
-        profile.queue += t2 - t1;
-        profile.wait += t2.elapsed();
-        let accepted = drafted
-            .iter()
-            .zip(&picks)
-            .take_while(|(d, p)| d == p)
-            .count();
-        let refs: Vec<&RowCache> = drafts.iter().collect();
-        accept(&mut seq, &refs, accepted)?;
-        drafts.clear();
-        stats.steps += 1;
-        stats.steps_with_drafts += 1;
-        stats.drafted += drafted.len();
-        stats.accepted += accepted;
+        let ctx = ForwardCtx {
+            adapters: widen(&opts.adapters, drafted.len() + 1)?,
+            ..base.clone()
+        };
+        let (picks, accepted) =
+            verify_step(model, &mut seq, &kv, token, &drafted, &ctx, &mut profile)?;
+        stats.verified(drafted.len(), accepted);
         schedule.verified(drafted.len(), accepted);
         for &t in &picks[..accepted] {
             if stop_ids.contains(&t) {
@@ -341,18 +342,25 @@ pub fn greedy_speculative_until(
     ))
 }
 
-/// Builds one verification step: the sequence's row fed `token`, then one draft row per
-/// draft. Returns the lazy picks (one per row) and the draft rows (to accept from, then drop:
-/// dropping frees their scratch slots).
-fn verify(
+/// Runs one verification step and reads it: the sequence's row fed `token`, then one draft
+/// row per draft, over the shared KV `kv` (the sequence joins it first if it holds no slot),
+/// with `ctx` for `1 + drafted.len()` rows. Returns the picks (one per row) and how many drafts
+/// were right; the sequence's cache keeps the positions of those, and the draft rows' scratch
+/// slots are freed. Host times go to `profile` as one step. Shared by [`greedy_speculative`]
+/// and the batched decoder's lone row ([`super::Decoder::with_speculation`]).
+pub(crate) fn verify_step(
     model: &Model,
     seq: &mut RowCache,
-    kv: &std::sync::Arc<std::sync::Mutex<SharedKv>>,
+    kv: &Arc<Mutex<SharedKv>>,
     token: u32,
     drafted: &[u32],
-    base: &ForwardCtx,
-    adapters: &Option<Activation>,
-) -> Result<(mlx_rs::Array, Vec<RowCache>)> {
+    ctx: &ForwardCtx,
+    profile: &mut DecodeProfile,
+) -> Result<(Vec<u32>, usize)> {
+    let t0 = Instant::now();
+    if seq.slot().is_none() {
+        join(kv, seq)?;
+    }
     let mut drafts = Vec::with_capacity(drafted.len());
     for i in 0..drafted.len() {
         drafts.push(seq.draft_row(i + 1, reserve(kv)?)?);
@@ -362,13 +370,33 @@ fn verify(
         .collect();
     model.check_ids(&inputs)?;
     let tokens = ids_array(&inputs, &[inputs.len() as i32, 1])?;
-    let ctx = ForwardCtx {
-        adapters: widen(adapters, inputs.len())?,
-        ..base.clone()
-    };
-    let mut refs: Vec<&mut RowCache> = std::iter::once(seq).chain(drafts.iter_mut()).collect();
-    let picks = step_picks(model, &tokens, &mut refs, &ctx)?;
-    Ok((picks, drafts))
+    let mut rows: Vec<&mut RowCache> = std::iter::once(&mut *seq)
+        .chain(drafts.iter_mut())
+        .collect();
+    let picks = step_picks(model, &tokens, &mut rows, ctx)?;
+    let t1 = Instant::now();
+    async_eval([&picks])?;
+    let t2 = Instant::now();
+    let picks = read_tokens(&picks)?;
+    profile.steps += 1;
+    profile.build += t1 - t0;
+    profile.queue += t2 - t1;
+    profile.wait += t2.elapsed();
+    if picks.len() != inputs.len() {
+        return Err(Error::Internal(format!(
+            "a verification step over {} rows returned {} tokens",
+            inputs.len(),
+            picks.len()
+        )));
+    }
+    let accepted = drafted
+        .iter()
+        .zip(&picks)
+        .take_while(|(d, p)| d == p)
+        .count();
+    let refs: Vec<&RowCache> = drafts.iter().collect();
+    accept(seq, &refs, accepted)?;
+    Ok((picks, accepted))
 }
 
 #[cfg(test)]
