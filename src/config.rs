@@ -124,8 +124,9 @@ pub struct Limits {
     /// An extra cap on prompt length in tokens (the model's context always applies).
     pub max_prompt_tokens: Option<usize>,
     /// The most KV-cache bytes the rows decoding together may hold (estimated at each row's
-    /// end): a row waits for others to finish rather than exceed it. `None`: half of the
-    /// physical memory left after the weights (no bound where memory is unknown).
+    /// end): a row waits for others to finish rather than exceed it, and a speculative
+    /// verification step feeds fewer drafts (each takes a slot of the row's size). `None`:
+    /// half of the physical memory left after the weights (no bound where memory is unknown).
     pub max_kv_bytes: Option<u64>,
 }
 

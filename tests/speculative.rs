@@ -92,6 +92,7 @@ fn speculate_with(
         drafts,
         max_drafts,
         adaptive,
+        kv_budget: None,
     };
     let (g, stats) = greedy_speculative(model, prompt, opts, &spec).expect("speculative");
     (g.ids, g.stop, stats)
@@ -461,4 +462,68 @@ fn a_lone_row_of_the_batched_decoder_verifies_drafts_with_its_adapter() {
         stats.drafted > 0 && stats.accepted == stats.drafted,
         "{stats:?}"
     );
+}
+
+/// Runs `req` alone through a speculating decoder under `kv_budget`, step by step: its ids,
+/// speculation, and the most bytes the shared buffers held after any step.
+fn alone_under_budget(
+    model: &Model,
+    stop: &[u32],
+    spec: SpeculateOptions,
+    req: &RowRequest,
+    kv_budget: Option<u64>,
+) -> (Vec<u32>, SpeculationStats, u64) {
+    let decoder = Decoder::new(model, stop).with_speculation(Some(spec.within(kv_budget)));
+    let mut running = match decoder.start(0, req.clone()) {
+        Ok(Started::Running(row)) => vec![row],
+        other => panic!("the row should run: {}", other.is_ok()),
+    };
+    let mut held = 0;
+    loop {
+        let b = decoder.shared_buffers();
+        held = held.max(b.slots as u64 * b.slot_bytes);
+        if let Some((_, out)) = decoder.step(&mut running).expect("step").pop() {
+            return (out.ids, out.speculation.expect("speculation counts"), held);
+        }
+    }
+}
+
+#[test]
+fn a_lone_row_verifies_no_more_drafts_than_the_kv_budget_holds() {
+    let model = model(WeightChoice::Quantized);
+    let stop = model.info().eos_token_ids.clone();
+    let prompt = ids(45, 9, 0);
+    let want = greedy(&model, &prompt, options(48, None)).expect("serial");
+    let req = RowRequest::new(prompt, 48);
+    let spec = || {
+        SpeculateOptions::new(Drafts::Continuation(want.ids.clone()), 4)
+            .expect("options")
+            .adaptive(false)
+    };
+    let (got, free, held) = alone_under_budget(&model, &stop, spec(), &req, None);
+    assert_eq!(got, want.ids, "{free:?}");
+    // Unbounded, right drafts come four at a time: five slots of the row's size.
+    assert!(free.drafted > 2 * free.steps_with_drafts, "{free:?}");
+    let slot = held / 5;
+    assert!(slot > 0, "{held}");
+    // Room for three slots: two drafts a step at most, and the buffers stay within it.
+    let (got, three, held) = alone_under_budget(&model, &stop, spec(), &req, Some(3 * slot));
+    assert_eq!(got, want.ids, "{three:?}");
+    assert!(three.drafted > 0, "{three:?}");
+    assert!(three.drafted <= 2 * three.steps_with_drafts, "{three:?}");
+    assert!(held <= 3 * slot, "{held} > {}", 3 * slot);
+    // A row over the budget by itself verifies nothing: plain steps, the same ids.
+    let (got, none, held) = alone_under_budget(&model, &stop, spec(), &req, Some(slot / 2));
+    assert_eq!(got, want.ids, "{none:?}");
+    assert_eq!(none.drafted, 0, "{none:?}");
+    assert!(held <= slot, "{held}");
+    // The serial loop's verification steps are bounded the same way.
+    for (budget, most) in [(3 * slot, 2), (slot / 2, 0)] {
+        let bounded = spec().within(Some(budget));
+        let (g, stats) =
+            greedy_speculative(&model, &req.prompt, options(48, None), &bounded).expect("serial");
+        assert_eq!(g.ids, want.ids, "{stats:?}");
+        assert!(stats.drafted <= most * stats.steps_with_drafts, "{stats:?}");
+        assert_eq!(stats.drafted > 0, most > 0, "{stats:?}");
+    }
 }

@@ -31,7 +31,7 @@ use super::backend::{Backend, BackendInfo, Generate, Intake, Serial};
 use super::draft_schedule::DraftSchedule;
 use super::model_backend::ModelBackend;
 use super::request::{Completion, Job, StopReason};
-use super::scheduler::{self, after_token, Limits, Verdict};
+use super::scheduler::{self, after_token, Limits, SharedBuffers, Verdict};
 use super::speculative::{verify_step, SpeculateOptions, SpeculationStats, MAX_DRAFTS};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
@@ -252,6 +252,21 @@ pub struct StartError<T> {
     pub error: Error,
 }
 
+/// What the shared buffers `kv` hold now, as admission and the draft bound count it (empty
+/// when no row holds a slot: the buffers then go with the last row).
+pub(crate) fn shared_buffers(kv: &Mutex<SharedKv>) -> SharedBuffers {
+    // A step that panicked holding the lock left the buffers as they were: count them.
+    let kv = kv.lock().unwrap_or_else(|e| e.into_inner());
+    match kv.slots() {
+        0 => SharedBuffers::default(),
+        _ if kv.rows() == 0 => SharedBuffers::default(),
+        slots => SharedBuffers {
+            slots,
+            slot_bytes: (kv.nbytes() / slots) as u64,
+        },
+    }
+}
+
 /// Prefills rows alone and steps the running set together, on one model.
 pub struct Decoder<'a> {
     model: &'a Model,
@@ -315,6 +330,14 @@ impl<'a> Decoder<'a> {
             .map(|kv| kv.lock().unwrap_or_else(|e| e.into_inner()).rows())
     }
 
+    /// What the shared KV's buffers hold now, as admission counts it (empty when
+    /// [`Decoder::shared_kv`] is off).
+    pub fn shared_buffers(&self) -> SharedBuffers {
+        self.shared_kv
+            .as_ref()
+            .map_or_else(SharedBuffers::default, |kv| shared_buffers(kv))
+    }
+
     /// Sets [`Decoder::shared_kv`] (before any row steps: rows that joined shared buffers
     /// keep them). A decoder that speculates keeps the shared KV whatever `on` says.
     pub fn with_shared_kv(mut self, on: bool) -> Decoder<'a> {
@@ -330,7 +353,8 @@ impl<'a> Decoder<'a> {
     /// drafts, pipelined plain steps where it does not or where the schedule pauses. The
     /// tokens are the serial ones either way. [`Drafts::Continuation`] drafts the same
     /// continuation for every row (tests and benchmarks of one row). Verification steps
-    /// write draft rows into the shared KV, so speculation turns [`Decoder::shared_kv`] on.
+    /// write draft rows into the shared KV, so speculation turns [`Decoder::shared_kv`] on;
+    /// each takes a slot as large as its row's, within [`SpeculateOptions::kv_budget`].
     /// Set before any row starts.
     pub fn with_speculation(mut self, spec: Option<SpeculateOptions>) -> Decoder<'a> {
         if spec.is_some() && self.shared_kv.is_none() {
@@ -702,7 +726,21 @@ impl<'a> Decoder<'a> {
                 None => return Ok(None),
             },
         };
+        let kv = self
+            .shared_kv
+            .as_ref()
+            .ok_or_else(|| Error::Internal("speculation without a shared KV".into()))?;
+        if row.cache.slot().is_none() {
+            // Joined now rather than by the step below: the draft bound counts its slot.
+            if let Err(e) = batch_kv::join(kv, &mut row.cache) {
+                rows.push(row);
+                return Err(e);
+            }
+        }
         let allowed = row.drafts.as_ref().map_or(0, |d| d.schedule.allowed());
+        // Draft rows take slots of the shared buffers: no more than the KV budget holds.
+        let need = self.kv_need(row.prompt_tokens, row.max_tokens);
+        let allowed = spec.drafts_within(kv, need, allowed);
         // A step yields at most 1 + drafts tokens: drafts past the budget are never used.
         let budget = row
             .max_tokens
@@ -762,7 +800,7 @@ impl<'a> Decoder<'a> {
     /// the rule of this decoder's KV layout.
     fn admit(&self, limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
         if self.shared_kv() {
-            scheduler::admit_shared(limits, running, waiting)
+            scheduler::admit_shared(limits, running, waiting, self.shared_buffers())
         } else {
             scheduler::admit(limits, running, waiting)
         }

@@ -28,16 +28,13 @@ pub struct ModelBackend {
     prompt_limit_why: &'static str,
     /// Set: calls decode speculatively (the same ids, fewer steps where drafts match).
     speculate: Option<SpeculateOptions>,
+    kv_budget: Option<u64>,
 }
 
 /// The loader [`super::Engine::new`] runs on the engine thread.
 pub(crate) fn load(config: &Config) -> Result<Box<dyn Backend>> {
     let backend = ModelBackend::load(config)?;
-    let kv_budget = config.limits.max_kv_bytes.or_else(|| {
-        let memory = crate::model::weight_form::physical_memory()?;
-        let weights = backend.model().info().weight_bytes as u64;
-        Some(memory.saturating_sub(weights) / 2)
-    });
+    let kv_budget = backend.kv_budget();
     Ok(super::batched::select(
         backend,
         config.batch_width,
@@ -108,7 +105,17 @@ impl ModelBackend {
             Some(n) if n < context => (n, "limits.max_prompt_tokens"),
             _ => (context, "the model's context"),
         };
+        let kv_budget = config.limits.max_kv_bytes.or_else(|| {
+            let memory = crate::model::weight_form::physical_memory()?;
+            let weights = model.info().weight_bytes as u64;
+            Some(memory.saturating_sub(weights) / 2)
+        });
+        let speculate = match &config.speculate {
+            Some(s) => Some(s.options()?.within(kv_budget)),
+            None => None,
+        };
         Ok(ModelBackend {
+            kv_budget,
             model,
             adapters,
             stage_adapters,
@@ -116,8 +123,15 @@ impl ModelBackend {
             stop_ids,
             max_prompt_tokens,
             prompt_limit_why,
-            speculate: config.speculate.map(|s| s.options()).transpose()?,
+            speculate,
         })
+    }
+
+    /// The most KV bytes the running rows may hold together, estimated: `limits.max_kv_bytes`,
+    /// else half the memory the weights leave (`None` where that is unknown). Bounds batch
+    /// admission and speculation's draft rows.
+    pub fn kv_budget(&self) -> Option<u64> {
+        self.kv_budget
     }
 
     /// The speculation calls decode with (`speculate` in the config), if any.

@@ -39,12 +39,41 @@ pub fn admit(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
     n
 }
 
+/// What shared KV buffers ([`crate::model::batch_kv`]) already hold, which admission has to
+/// count: they keep every slot they were grown to (free ones included) and the positions of
+/// their longest row until the last row leaves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedBuffers {
+    /// Slots along the buffers' first axis, held or free.
+    pub slots: usize,
+    /// Bytes each slot takes now, in every layer together.
+    pub slot_bytes: u64,
+}
+
 /// [`admit`] for rows whose keys share one buffer per layer and tensor
-/// ([`crate::model::batch_kv`]): every slot holds as many positions as the longest row, so `n`
-/// running rows are estimated at `n` times the largest need.
-pub fn admit_shared(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
+/// ([`crate::model::batch_kv`]): every slot holds as many positions as the longest row, and the
+/// buffers keep the slots and positions they have (`held`) while any row runs, so `n` running
+/// rows are estimated at `max(n, held.slots)` slots of the largest need (or of
+/// `held.slot_bytes`, where a row that left made the slots larger).
+pub fn admit_shared(
+    limits: Limits,
+    running: &[u64],
+    waiting: &[u64],
+    held: SharedBuffers,
+) -> usize {
     let width = limits.width.max(1);
-    let mut largest = running.iter().copied().max().unwrap_or(0);
+    // With no row running the buffers are dropped before the next row joins.
+    let held = if running.is_empty() {
+        SharedBuffers::default()
+    } else {
+        held
+    };
+    let mut largest = running
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(held.slot_bytes);
     let mut n = 0;
     for &need in waiting {
         let rows = running.len() + n;
@@ -53,7 +82,8 @@ pub fn admit_shared(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
         }
         let after = largest.max(need);
         if let Some(budget) = limits.kv_budget {
-            if rows > 0 && after.saturating_mul(rows as u64 + 1) > budget {
+            let slots = (rows + 1).max(held.slots) as u64;
+            if rows > 0 && after.saturating_mul(slots) > budget {
                 break;
             }
         }
@@ -61,6 +91,19 @@ pub fn admit_shared(limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
         n += 1;
     }
     n
+}
+
+/// How many of `max` draft rows a row running alone may verify in one step over shared
+/// buffers (`held`) under `kv_budget`: each draft row takes a slot as large as the row's
+/// (estimated at `need` bytes), and the slots stay until the row ends. Free slots the buffers
+/// already have cost nothing more.
+pub fn drafts_within(kv_budget: Option<u64>, need: u64, held: SharedBuffers, max: usize) -> usize {
+    let Some(budget) = kv_budget else {
+        return max;
+    };
+    let slot = need.max(held.slot_bytes).max(1);
+    let slots = usize::try_from(budget / slot).unwrap_or(usize::MAX);
+    slots.max(held.slots).saturating_sub(1).min(max)
 }
 
 /// Estimated KV bytes of a row that will hold `prompt + max_tokens` positions, at
@@ -112,15 +155,63 @@ mod tests {
 
     #[test]
     fn shared_buffers_cost_every_row_the_largest_need() {
+        let none = SharedBuffers::default();
         // Per row these fit (10 + 10 + 40 <= 70); shared, three rows cost 3 x 40.
         assert_eq!(admit(lim(8, Some(70)), &[10], &[10, 40]), 2);
-        assert_eq!(admit_shared(lim(8, Some(70)), &[10], &[10, 40]), 1);
-        assert_eq!(admit_shared(lim(8, Some(120)), &[10], &[10, 40]), 2);
+        assert_eq!(admit_shared(lim(8, Some(70)), &[10], &[10, 40], none), 1);
+        assert_eq!(admit_shared(lim(8, Some(120)), &[10], &[10, 40], none), 2);
         // A running long row makes a short one cost as much.
-        assert_eq!(admit_shared(lim(8, Some(70)), &[40], &[1]), 0);
+        assert_eq!(admit_shared(lim(8, Some(70)), &[40], &[1], none), 0);
         // Width, no budget, and the first row always admitted, as in `admit`.
-        assert_eq!(admit_shared(lim(2, None), &[], &[5, 5, 5]), 2);
-        assert_eq!(admit_shared(lim(8, Some(1)), &[], &[5, 5]), 1);
+        assert_eq!(admit_shared(lim(2, None), &[], &[5, 5, 5], none), 2);
+        assert_eq!(admit_shared(lim(8, Some(1)), &[], &[5, 5], none), 1);
+    }
+
+    #[test]
+    fn shared_buffers_count_the_slots_and_positions_they_kept() {
+        // Two rows of 10 in fresh buffers fit 20; in buffers that kept 4 slots they cost 40.
+        let kept = SharedBuffers {
+            slots: 4,
+            slot_bytes: 10,
+        };
+        assert_eq!(admit_shared(lim(8, Some(20)), &[10], &[10], kept), 0);
+        assert_eq!(
+            admit_shared(lim(8, Some(40)), &[10], &[10, 10, 10, 10], kept),
+            3
+        );
+        // Slots made larger by a row that left cost their size, not the running rows' need.
+        let large = SharedBuffers {
+            slots: 2,
+            slot_bytes: 50,
+        };
+        assert_eq!(admit_shared(lim(8, Some(90)), &[10], &[10], large), 0);
+        assert_eq!(admit_shared(lim(8, Some(100)), &[10], &[10], large), 1);
+        // With nothing running the buffers are dropped before the next row joins.
+        assert_eq!(admit_shared(lim(8, Some(20)), &[], &[10, 10], kept), 2);
+    }
+
+    #[test]
+    fn drafts_fit_the_budget_in_slots_of_the_row() {
+        let none = SharedBuffers::default();
+        assert_eq!(drafts_within(None, 100, none, 4), 4);
+        // Room for the row and two draft slots.
+        assert_eq!(drafts_within(Some(300), 100, none, 4), 2);
+        assert_eq!(drafts_within(Some(1000), 100, none, 4), 4);
+        // A row over the budget alone verifies no drafts.
+        assert_eq!(drafts_within(Some(50), 100, none, 4), 0);
+        // Free slots the buffers kept are used first, at no cost.
+        let kept = SharedBuffers {
+            slots: 5,
+            slot_bytes: 100,
+        };
+        assert_eq!(drafts_within(Some(100), 100, kept, 4), 4);
+        assert_eq!(drafts_within(Some(100), 100, kept, 2), 2);
+        // Slots larger than the row's need cost their size.
+        let large = SharedBuffers {
+            slots: 1,
+            slot_bytes: 200,
+        };
+        assert_eq!(drafts_within(Some(400), 100, large, 4), 1);
     }
 
     #[test]

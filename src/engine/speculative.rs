@@ -19,8 +19,9 @@ use std::time::Instant;
 
 use mlx_rs::transforms::async_eval;
 
-use super::batched::{Decoder, ROWS_PER_PRODUCT};
+use super::batched::{shared_buffers, Decoder, ROWS_PER_PRODUCT};
 use super::draft_schedule::DraftSchedule;
+use super::scheduler;
 use crate::error::{Error, Result};
 use crate::generate::{
     ids_array, prefill, read_tokens, step_picks, DecodeProfile, GenerateOptions, Generation,
@@ -74,6 +75,10 @@ pub struct SpeculateOptions {
     /// Whether the draft count follows the acceptance ([`DraftSchedule`]: fewer drafts after
     /// rejections, pauses while they keep missing); false feeds up to `max_drafts` every step.
     pub adaptive: bool,
+    /// The most KV bytes a verification step's draft rows may bring the shared buffers to
+    /// (each takes a slot as large as its sequence's, kept until the sequence ends; see
+    /// [`scheduler::drafts_within`]); `None`: no bound. Engines set their KV budget here.
+    pub kv_budget: Option<u64>,
 }
 
 impl SpeculateOptions {
@@ -95,6 +100,7 @@ impl SpeculateOptions {
             drafts,
             max_drafts,
             adaptive: true,
+            kv_budget: None,
         })
     }
 
@@ -102,6 +108,18 @@ impl SpeculateOptions {
     /// of one draft count) or following the acceptance (true, the default).
     pub fn adaptive(self, adaptive: bool) -> SpeculateOptions {
         SpeculateOptions { adaptive, ..self }
+    }
+
+    /// These options with draft rows bounded by `kv_budget` (see
+    /// [`SpeculateOptions::kv_budget`]).
+    pub fn within(self, kv_budget: Option<u64>) -> SpeculateOptions {
+        SpeculateOptions { kv_budget, ..self }
+    }
+
+    /// How many of `max` drafts a verification step over `kv` may feed for a sequence
+    /// estimated at `need` KV bytes, under [`SpeculateOptions::kv_budget`].
+    pub(crate) fn drafts_within(&self, kv: &Mutex<SharedKv>, need: u64, max: usize) -> usize {
+        scheduler::drafts_within(self.kv_budget, need, shared_buffers(kv), max)
     }
 }
 
@@ -111,6 +129,7 @@ impl Default for SpeculateOptions {
             drafts: Drafts::Lookup { ngram: 3 },
             max_drafts: 4.min(MAX_DRAFTS),
             adaptive: true,
+            kv_budget: None,
         }
     }
 }
@@ -234,6 +253,9 @@ pub fn greedy_speculative_until(
     let mut seq = model.new_cache();
     let mut token = prefill(model, prompt, &mut seq, opts.prefill_step, &one_row)?;
     let prefill_time = started.elapsed();
+    let bytes_per_token = (seq.nbytes() as u64)
+        .checked_div(seq.offset() as u64)
+        .unwrap_or(0);
     let decode_start = Instant::now();
     let kv = SharedKv::new();
     // Queues one step of the sequence alone fed `tokens` ([1, 1], known or a lazy pick).
@@ -266,7 +288,10 @@ pub fn greedy_speculative_until(
             join(&kv, &mut seq)?;
         }
         // A step yields at most 1 + drafts tokens: drafts past the budget are never used.
-        let budget = (opts.max_tokens - generated(&text) - 1).min(schedule.allowed());
+        // Draft rows take slots of the shared buffers: no more than the KV budget holds.
+        let need = scheduler::row_kv_bytes(prompt.len(), opts.max_tokens, bytes_per_token);
+        let allowed = spec.drafts_within(&kv, need, schedule.allowed());
+        let budget = (opts.max_tokens - generated(&text) - 1).min(allowed);
         let drafted = draft(&text, budget);
         if drafted.is_empty() {
             // Nothing to verify (or drafting paused): one-row steps, pipelined as in `greedy`

@@ -111,6 +111,12 @@ impl SharedKv {
             .count()
     }
 
+    /// Slots along the buffers' first axis, held or free: the buffers keep every slot they
+    /// were grown to until the last row leaves.
+    pub fn slots(&self) -> usize {
+        self.taken.len()
+    }
+
     /// Bytes of the buffers.
     pub fn nbytes(&self) -> usize {
         self.layers
