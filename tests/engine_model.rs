@@ -309,3 +309,45 @@ fn speculative_calls_answer_as_serial_greedy_and_count_their_drafts() {
         assert_eq!(json["speculation"]["steps"], s.steps);
     }
 }
+
+/// Queued calls under a KV budget that lets one row run at a time (each waiting call's prompt
+/// rendered once, before it is admitted): each answers its serial text, in any order of
+/// arrival, and a prompt over the limit fails alone with its own error.
+#[test]
+fn calls_queued_under_a_tight_kv_budget_answer_alone_and_fail_alone() {
+    let dir = fixture();
+    let mut config = Config::for_model(&dir);
+    config.limits.max_kv_bytes = Some(1);
+    config.limits.max_prompt_tokens = Some(120);
+    let stop_ids = ModelBackend::load(&config).unwrap().stop_ids().to_vec();
+    let want = serial_texts(&dir, &stop_ids);
+    let engine = Engine::new(config).unwrap();
+    let long = LocalInput::user("a prompt far longer than the limit ".repeat(30));
+    let mut tickets = Vec::new();
+    for (i, (stage, input, max_tokens)) in inputs().into_iter().enumerate() {
+        if i == 2 {
+            let opts = CallOptions {
+                max_tokens: Some(4),
+            };
+            tickets.push((None, engine.submit("route", long.clone(), opts).unwrap()));
+        }
+        let opts = CallOptions {
+            max_tokens: Some(max_tokens),
+        };
+        tickets.push((Some(i), engine.submit(stage, input, opts).unwrap()));
+    }
+    for (i, ticket) in tickets {
+        let got = ticket.wait();
+        match i {
+            Some(i) => assert_eq!(got.unwrap()[0].text, want[i], "input {i}"),
+            None => {
+                let err = got.unwrap_err();
+                assert!(
+                    matches!(err, Error::PromptTooLong { limit: 120, .. }),
+                    "{err}"
+                );
+            }
+        }
+    }
+    assert_eq!(engine.stats().failed, 1);
+}

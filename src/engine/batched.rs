@@ -947,10 +947,10 @@ impl Backend for Batched {
         let decoder = Decoder::new(self.inner.model(), self.inner.stop_ids())
             .with_registry(self.inner.adapters().clone())
             .with_speculation(self.inner.speculation().cloned());
-        let mut waiting: VecDeque<Job> = jobs.into();
+        let mut waiting: VecDeque<Waiting> = jobs.into_iter().map(Waiting::new).collect();
         let mut running: Vec<Row<Job>> = Vec::new();
         loop {
-            waiting.extend(intake.pull());
+            waiting.extend(intake.pull().into_iter().map(Waiting::new));
             // Interrupted rows leave at the step boundary; the others are untouched.
             let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut running)
                 .into_iter()
@@ -965,21 +965,25 @@ impl Backend for Batched {
                 .iter()
                 .map(|r| decoder.kv_need(r.prompt_tokens, r.max_tokens))
                 .collect();
-            // Prompts are rendered at admission; a length estimate of 0 for waiting rows keeps
-            // the order (the budget check then uses max_tokens only until they are rendered).
+            // The jobs that could join now are rendered (once each), so the budget counts
+            // their prompts; the ones behind them cannot be admitted before them anyway.
+            let room = self.limits.width.max(1).saturating_sub(running.len());
+            for w in waiting.iter_mut().take(room) {
+                w.render(&self.inner);
+            }
             let waiting_need: Vec<u64> = waiting
                 .iter()
-                .map(|j| decoder.kv_need(0, j.max_tokens))
+                .map(|w| decoder.kv_need(w.prompt_tokens(), w.job.max_tokens))
                 .collect();
             for _ in 0..decoder.admit(self.limits, &running_need, &waiting_need) {
-                let Some(job) = waiting.pop_front() else {
+                let Some(Waiting { job, prompt }) = waiting.pop_front() else {
                     break;
                 };
                 if let Some(e) = job.interruption() {
                     job.finish(Err(e));
                     continue;
                 }
-                let prompt = match self.inner.prompt_for(&job) {
+                let prompt = match prompt.unwrap_or_else(|| self.inner.prompt_for(&job)) {
                     Ok(p) => p,
                     Err(e) => {
                         job.finish(Err(e));
@@ -1025,6 +1029,34 @@ impl Backend for Batched {
 
     fn peak_memory(&self) -> Option<u64> {
         Generate::peak_memory(&self.inner)
+    }
+}
+
+/// A job waiting for admission to a [`Batched`] engine, with its prompt once rendered.
+struct Waiting {
+    job: Job,
+    /// The prompt ids, or why there are none (the job then fails at admission).
+    prompt: Option<Result<Vec<u32>>>,
+}
+
+impl Waiting {
+    fn new(job: Job) -> Waiting {
+        Waiting { job, prompt: None }
+    }
+
+    /// Renders the prompt unless it was already.
+    fn render(&mut self, backend: &ModelBackend) {
+        if self.prompt.is_none() {
+            self.prompt = Some(backend.prompt_for(&self.job));
+        }
+    }
+
+    /// The prompt's length (0 while unrendered or where it failed: such a job runs no row).
+    fn prompt_tokens(&self) -> usize {
+        match &self.prompt {
+            Some(Ok(p)) => p.len(),
+            _ => 0,
+        }
     }
 }
 
