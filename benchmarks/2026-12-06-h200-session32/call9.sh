@@ -1,4 +1,4 @@
-# session 32, call 6 (through remote.sh, after the bundles arrived again on a cold machine):
+# session 32, call 9 (ran as benchmarks/2026-12-06-h100-session32/call6.sh; through remote.sh, after the bundles arrived on a second machine, an H200):
 # graphs.sh's EXTRACT w8 under each setting, then one more decode round.
 set -u
 echo "uname: $(uname -srvm)"
