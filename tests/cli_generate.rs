@@ -51,3 +51,28 @@ fn the_decoder_gives_the_serial_ids_plainly_and_with_drafts() {
     // 40 tokens in steps of up to 5: far fewer steps than tokens.
     assert!(s["steps"].as_u64().is_some_and(|n| n * 2 <= 40), "{s}");
 }
+
+#[test]
+fn a_kv_budget_too_small_for_a_draft_row_keeps_the_ids_and_drafts_nothing() {
+    let serial = generate(&[]);
+    let ids = serial["ids"].as_array().expect("ids").clone();
+    let drafts: Vec<String> = ids.iter().map(|v| v.to_string()).collect();
+    let drafts = drafts.join(",");
+    // The serial loop and the decoder's lone row; one byte holds the row itself (a lone row is
+    // always admitted) but no slot for a draft row.
+    for path in [&[][..], &["--decoder"][..]] {
+        let mut args = path.to_vec();
+        args.extend(["--speculate", "4", "--drafts-from", &drafts]);
+        let unbounded = generate(&args);
+        let s = &unbounded["speculation"];
+        assert!(
+            s["drafted"].as_u64().is_some_and(|d| d > 0),
+            "{path:?}: {s}"
+        );
+        args.extend(["--max-kv-bytes", "1"]);
+        let bounded = generate(&args);
+        assert_eq!(bounded["ids"].as_array(), Some(&ids), "{path:?}");
+        let s = &bounded["speculation"];
+        assert_eq!(s["drafted"].as_u64(), Some(0), "{path:?}: {s}");
+    }
+}

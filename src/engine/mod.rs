@@ -24,7 +24,7 @@ use std::time::Instant;
 
 pub use backend::{Backend, BackendInfo, Generate, Intake, Serial};
 pub use batched::{Batched, Decoder, RowOutput, RowRequest};
-pub use model_backend::ModelBackend;
+pub use model_backend::{kv_budget_for, ModelBackend};
 pub use request::{CallOptions, CancelFlag, Completion, Job, LocalInput, StopReason};
 pub use stats::Stats;
 pub use ticket::Ticket;

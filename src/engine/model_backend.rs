@@ -42,6 +42,18 @@ pub(crate) fn load(config: &Config) -> Result<Box<dyn Backend>> {
     ))
 }
 
+/// The KV budget an engine on `model` runs under: `max_kv_bytes` when set, else half the
+/// physical memory the weights leave (`None` where that is unknown). Tools that drive the
+/// decoders directly (`memexec bench`, `memexec generate`) use it too, so they bound draft
+/// rows and admission as the engine does.
+pub fn kv_budget_for(model: &Model, max_kv_bytes: Option<u64>) -> Option<u64> {
+    max_kv_bytes.or_else(|| {
+        let memory = crate::model::weight_form::physical_memory()?;
+        let weights = model.info().weight_bytes as u64;
+        Some(memory.saturating_sub(weights) / 2)
+    })
+}
+
 fn select_device(choice: DeviceChoice) -> Result<()> {
     match choice {
         DeviceChoice::Default => Ok(()),
@@ -105,11 +117,7 @@ impl ModelBackend {
             Some(n) if n < context => (n, "limits.max_prompt_tokens"),
             _ => (context, "the model's context"),
         };
-        let kv_budget = config.limits.max_kv_bytes.or_else(|| {
-            let memory = crate::model::weight_form::physical_memory()?;
-            let weights = model.info().weight_bytes as u64;
-            Some(memory.saturating_sub(weights) / 2)
-        });
+        let kv_budget = kv_budget_for(&model, config.limits.max_kv_bytes);
         let speculate = match &config.speculate {
             Some(s) => Some(s.options()?.within(kv_budget)),
             None => None,

@@ -206,7 +206,7 @@ fn run_batched(
         reqs,
         Limits {
             width,
-            kv_budget: None,
+            kv_budget: backend.kv_budget(),
         },
     );
     let e2e = t.elapsed();
@@ -241,7 +241,8 @@ fn measure(
     let m = match mode {
         Mode::Serial => run_serial(backend, prompts, max_tokens, None)?,
         Mode::Speculative { drafts, ngram } => {
-            let spec = SpeculateOptions::new(Drafts::Lookup { ngram }, drafts)?;
+            let spec = SpeculateOptions::new(Drafts::Lookup { ngram }, drafts)?
+                .within(backend.kv_budget());
             run_serial(backend, prompts, max_tokens, Some(&spec))?
         }
         Mode::Batched(w) => run_batched(backend, prompts, max_tokens, w, None)?,
@@ -250,7 +251,8 @@ fn measure(
             drafts,
             ngram,
         } => {
-            let spec = SpeculateOptions::new(Drafts::Lookup { ngram }, drafts)?;
+            let spec = SpeculateOptions::new(Drafts::Lookup { ngram }, drafts)?
+                .within(backend.kv_budget());
             run_batched(backend, prompts, max_tokens, width, Some(spec))?
         }
     };

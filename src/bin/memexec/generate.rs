@@ -8,7 +8,7 @@ use memexec::engine::scheduler::Limits;
 use memexec::engine::speculative::{
     greedy_speculative, Drafts, SpeculateOptions, SpeculationStats,
 };
-use memexec::engine::{Decoder, RowRequest};
+use memexec::engine::{kv_budget_for, Decoder, RowRequest};
 use memexec::generate::{greedy, GenerateOptions, Generation, StopReason};
 use memexec::lora::{Activation, AdapterRegistry, AdapterStack};
 use memexec::model::Model;
@@ -87,6 +87,11 @@ pub struct Args {
     /// CUDA), which a speed figure should not include.
     #[arg(long, default_value_t = 0, value_name = "N")]
     warmup: usize,
+    /// The most KV bytes the rows may hold together, as the config's `limits.max_kv_bytes`
+    /// (default: half the memory the weights leave). Bounds --speculate's draft rows: each
+    /// takes a slot as large as the row's.
+    #[arg(long, value_name = "BYTES")]
+    max_kv_bytes: Option<u64>,
 }
 
 /// The `--logprobs-out` document: per step the id, the top 8 `[id, logprob]` and the f64 sum
@@ -259,10 +264,12 @@ fn generation(
             Error::InvalidArgument(m) => Error::InvalidArgument(format!("--speculate: {m}")),
             e => e,
         })?;
-        Some(spec.adaptive(!args.fixed_drafts))
+        let kv_budget = kv_budget_for(model, args.max_kv_bytes);
+        Some(spec.adaptive(!args.fixed_drafts).within(kv_budget))
     };
     if args.decoder {
-        return through_decoder(model, prompt, opts, spec);
+        let kv_budget = kv_budget_for(model, args.max_kv_bytes);
+        return through_decoder(model, prompt, opts, spec, kv_budget);
     }
     match spec {
         None => Ok((greedy(model, prompt, opts)?, None)),
@@ -279,13 +286,14 @@ fn through_decoder(
     prompt: &[u32],
     opts: GenerateOptions,
     spec: Option<SpeculateOptions>,
+    kv_budget: Option<u64>,
 ) -> memexec::Result<(Generation, Option<SpeculationStats>)> {
     let stop_ids = opts.stop_ids_for(model);
     let decoder = Decoder::new(model, &stop_ids).with_speculation(spec);
     let req = RowRequest::new(prompt.to_vec(), opts.max_tokens);
     let limits = Limits {
         width: 1,
-        kv_budget: None,
+        kv_budget,
     };
     let out = decoder
         .run_rows(vec![req], limits)
