@@ -252,6 +252,7 @@ fn generation(
     opts: GenerateOptions,
     args: &Args,
 ) -> memexec::Result<(Generation, Option<SpeculationStats>)> {
+    let kv_budget = kv_budget_for(model, args.max_kv_bytes);
     let spec = if args.speculate == 0 {
         None
     } else {
@@ -264,11 +265,9 @@ fn generation(
             Error::InvalidArgument(m) => Error::InvalidArgument(format!("--speculate: {m}")),
             e => e,
         })?;
-        let kv_budget = kv_budget_for(model, args.max_kv_bytes);
         Some(spec.adaptive(!args.fixed_drafts).within(kv_budget))
     };
     if args.decoder {
-        let kv_budget = kv_budget_for(model, args.max_kv_bytes);
         return through_decoder(model, prompt, opts, spec, kv_budget);
     }
     match spec {
