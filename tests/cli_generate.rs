@@ -76,3 +76,19 @@ fn a_kv_budget_too_small_for_a_draft_row_keeps_the_ids_and_drafts_nothing() {
         assert_eq!(s["drafted"].as_u64(), Some(0), "{path:?}: {s}");
     }
 }
+
+#[test]
+fn a_kv_budget_without_speculation_is_refused_as_a_usage_error() {
+    // Without draft rows the budget bounds nothing (a lone row is always admitted); a flag
+    // that silently does nothing would read as a measured bound.
+    let out = Command::new(env!("CARGO_BIN_EXE_memexec"))
+        .args(["generate", "--prompt-ids", "2,3", "--max-kv-bytes", "1"])
+        .arg("--model")
+        .arg(model_dir("tiny-gemma4-q4-f32"))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run memexec");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--speculate"), "{stderr}");
+}

@@ -89,8 +89,9 @@ pub struct Args {
     warmup: usize,
     /// The most KV bytes the rows may hold together, as the config's `limits.max_kv_bytes`
     /// (default: half the memory the weights leave). Bounds --speculate's draft rows: each
-    /// takes a slot as large as the row's.
-    #[arg(long, value_name = "BYTES")]
+    /// takes a slot as large as the row's. Only with --speculate: the one row generated is
+    /// always admitted, so without draft rows there is nothing to bound.
+    #[arg(long, value_name = "BYTES", requires = "speculate")]
     max_kv_bytes: Option<u64>,
 }
 
