@@ -6,6 +6,8 @@
 //! dense (`WeightChoice`). Needs .deps/fixtures (scripts/setup.sh).
 mod model_support;
 
+use std::collections::VecDeque;
+
 use memexec::config::Config;
 use memexec::engine::batched::{self_check, Row, Started};
 use memexec::engine::scheduler::Limits;
@@ -105,6 +107,78 @@ fn a_kv_budget_still_gives_serial_tokens() {
         );
         for (i, (g, r)) in got.into_iter().zip(&rows).enumerate() {
             assert_eq!(g.expect("row").ids, serial_ids(&model, r, None), "row {i}");
+        }
+    }
+}
+
+/// Runs `reqs` through `decoder` as `Decoder::run_rows` does (admission by `Decoder::admit`,
+/// then one step of the running rows): each row's ids and the most rows that ran together.
+fn run_admitting(
+    decoder: &Decoder<'_>,
+    reqs: &[RowRequest],
+    limits: Limits,
+) -> (Vec<Vec<u32>>, usize) {
+    let need = |r: &RowRequest| decoder.kv_need(r.prompt.len(), r.max_tokens);
+    let mut waiting: VecDeque<usize> = (0..reqs.len()).collect();
+    let mut running: Vec<Row<usize>> = Vec::new();
+    let mut got: Vec<Option<Vec<u32>>> = vec![None; reqs.len()];
+    let mut together = 0;
+    while !(waiting.is_empty() && running.is_empty()) {
+        let running_need: Vec<u64> = running.iter().map(|r| need(&reqs[*r.tag()])).collect();
+        let waiting_need: Vec<u64> = waiting.iter().map(|&i| need(&reqs[i])).collect();
+        for _ in 0..decoder.admit(limits, &running_need, &waiting_need) {
+            let i = waiting.pop_front().expect("admitted from the waiting rows");
+            match decoder.start(i, reqs[i].clone()) {
+                Ok(Started::Running(row)) => running.push(row),
+                Ok(Started::Done(i, out)) => got[i] = Some(out.ids),
+                Err(e) => panic!("start {i}: {}", e.error),
+            }
+        }
+        together = together.max(running.len());
+        if !running.is_empty() {
+            for (i, out) in decoder.step(&mut running).expect("step") {
+                got[i] = Some(out.ids);
+            }
+        }
+    }
+    let got = got.into_iter().map(|g| g.expect("every row ran")).collect();
+    (got, together)
+}
+
+/// A KV budget holds from a decoder's first admission: before any prefill has measured the
+/// bytes per position (every need reads 0) it starts one row, then as many as the budget
+/// holds, in both KV layouts; always the serial tokens.
+#[test]
+fn a_kv_budget_holds_from_the_first_admission() {
+    let model = model(WeightChoice::Quantized);
+    let stop = model.info().eos_token_ids.clone();
+    let reqs: Vec<RowRequest> = (0..4)
+        .map(|r| RowRequest::new(ids(20, 200 + r), 6))
+        .collect();
+    let want: Vec<Vec<u32>> = reqs.iter().map(|r| serial_ids(&model, r, None)).collect();
+    // What one of these rows needs, as a decoder estimates it once it has prefilled one.
+    let one = {
+        let decoder = Decoder::new(&model, &stop);
+        assert_eq!(decoder.kv_need(20, 6), 0, "nothing measured yet");
+        let lone = Limits {
+            width: 1,
+            kv_budget: None,
+        };
+        assert!(decoder.run_rows(vec![reqs[0].clone()], lone)[0].is_ok());
+        decoder.kv_need(20, 6)
+    };
+    assert!(one > 0);
+    for shared in [false, true] {
+        for (kv_budget, most) in [(None, 4), (Some(1), 1), (Some(2 * one), 2)] {
+            let decoder = Decoder::new(&model, &stop).with_shared_kv(shared);
+            let limits = Limits {
+                width: 4,
+                kv_budget,
+            };
+            let (got, together) = run_admitting(&decoder, &reqs, limits);
+            let case = format!("shared KV {shared}, budget {kv_budget:?}");
+            assert_eq!(got, want, "{case}");
+            assert_eq!(together, most, "{case}");
         }
     }
 }

@@ -796,18 +796,29 @@ impl<'a> Decoder<'a> {
         verified
     }
 
-    /// How many of `waiting` to admit under `limits` (estimated final KV bytes per row), by
-    /// the rule of this decoder's KV layout.
-    fn admit(&self, limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
-        if self.shared_kv() {
+    /// How many rows at the front of `waiting` to start now under `limits`, given each running
+    /// and waiting row's [`Decoder::kv_need`], by the rule of this decoder's KV layout.
+    ///
+    /// Under a KV budget, a decoder that has not yet measured its KV bytes per position (no
+    /// row prefilled: every need reads 0) admits one row and no more: that row's prefill
+    /// measures them, so the rows after it are counted against the budget instead of a full
+    /// width of them starting unmeasured.
+    pub fn admit(&self, limits: Limits, running: &[u64], waiting: &[u64]) -> usize {
+        let n = if self.shared_kv() {
             scheduler::admit_shared(limits, running, waiting, self.shared_buffers())
         } else {
             scheduler::admit(limits, running, waiting)
+        };
+        if limits.kv_budget.is_some() && self.bytes_per_token() == 0 {
+            n.min(usize::from(running.is_empty()))
+        } else {
+            n
         }
     }
 
-    /// The estimated final KV bytes of a row.
-    fn kv_need(&self, prompt_tokens: usize, max_tokens: usize) -> u64 {
+    /// The estimated final KV bytes of a row of `prompt_tokens` that may generate
+    /// `max_tokens`, at the bytes per position measured so far (0 before any prefill).
+    pub fn kv_need(&self, prompt_tokens: usize, max_tokens: usize) -> u64 {
         scheduler::row_kv_bytes(prompt_tokens, max_tokens, self.bytes_per_token())
     }
 
