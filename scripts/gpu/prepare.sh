@@ -106,17 +106,27 @@ S3=$OUTD/send3
 if [ "$NO_BINARY" = 0 ]; then
   xz -T2 -6 -c "$BIN" >"$S1/memexec.xz"
 fi
-# Bundle 1 takes as much of the CUDA wheel as fits next to the binary (the tracked tree grows
-# with every benchmark folder, and bundle 2 holds the rest of the wheel and the other wheels);
-# 64 KiB stay for the manifest.
+# Bundle 1 takes as much of the CUDA wheel as fits next to the binary, bundle 2 as much of the
+# rest as fits next to the other wheels and the tokenizer, bundle 3 what is left (the tracked
+# tree grows with every benchmark folder: since session 34 the wheel no longer fits in two).
+# 64 KiB of each stay for the manifest. remote.sh joins the parts in name order.
+whl_bytes=$(stat -c %s "$WHEELS/$CUDA_WHL")
 part0=$((MAX_BYTES - $(du -k "$S1" | cut -f1) * 1024 - 65536))
-split -b "$part0" -d -a 1 "$WHEELS/$CUDA_WHL" "$OUTD/stage/cuda.part"
-nparts=$(ls "$OUTD/stage"/cuda.part* | wc -l)
-[ "$nparts" = 2 ] || die "expected the CUDA wheel in 2 parts, got $nparts"
-mv "$OUTD/stage/cuda.part0" "$S1/cuda.part0"
-mv "$OUTD/stage/cuda.part1" "$S2/cuda.part1"
+# Byte ranges of the wheel (dd: a `tail | head` pipe dies of SIGPIPE under pipefail).
+whl_range() { # skip count out
+  dd if="$WHEELS/$CUDA_WHL" of="$3" bs=1M iflag=skip_bytes,count_bytes skip="$1" count="$2" status=none
+}
+whl_range 0 "$part0" "$S1/cuda.part0"
 cp "$WHEELS/$MLX_WHL" "$WHEELS/$LM_WHL" "$S2/"
 tar -C "$DEPS/tokenizers" -cf - gemma4 | xz -T2 -6 >"$S2/tokenizer-gemma4.tar.xz"
+part1=$((MAX_BYTES - $(du -sb "$S2" | cut -f1) - 65536))
+whl_range "$part0" "$part1" "$S2/cuda.part1"
+NB=2
+if [ $((part0 + part1)) -lt "$whl_bytes" ]; then
+  whl_range $((part0 + part1)) $((whl_bytes - part0 - part1)) "$S3/cuda.part2"
+  NB=3
+  log "the CUDA wheel travels in 3 parts: send3 is required"
+fi
 pack_fixture() { # name dest
   mkdir -p "$OUTD/stage/fx/$1/oracle"
   cp -r "$FIX/$1" "$OUTD/stage/fx/$1/"
@@ -124,17 +134,16 @@ pack_fixture() { # name dest
   tar -C "$OUTD/stage/fx/$1" -cf - . | gzip -6 >"$2/fixture-$1.tar.gz"
 }
 pack_fixture tiny-gemma4-q4-f32 "$S3"
-[ "$BF16_FIXTURE" = 1 ] && pack_fixture tiny-gemma4-q4 "$S2"
-rm -rf "$OUTD/stage"
-# The tracked tree grows with every benchmark folder: once bundles 1 and 2 cannot hold
-# everything (session 31: 0.5 MiB short), the tokenizer moves to send3, which is then
-# required (its manifests say `bundles 3`).
-NB=2
-if [ $(( $(du -sb "$S2" | cut -f1) + 65536 )) -gt "$MAX_BYTES" ]; then
-  mv "$S2/tokenizer-gemma4.tar.xz" "$S3/"
-  NB=3
-  log "send2 too large with the tokenizer: it travels in send3, now required"
+if [ "$BF16_FIXTURE" = 1 ]; then
+  # Where bundle 2 has no room for it, the bf16 fixture goes with bundle 3.
+  pack_fixture tiny-gemma4-q4 "$S2"
+  if [ $(($(du -sb "$S2" | cut -f1) + 65536)) -gt "$MAX_BYTES" ]; then
+    mv "$S2/fixture-tiny-gemma4-q4.tar.gz" "$S3/"
+  fi
 fi
+rm -rf "$OUTD/stage"
+[ "$(cat "$S1/cuda.part0" "$S2/cuda.part1" "$S3"/cuda.part2 2>/dev/null | sha256sum)" = \
+  "$(sha256sum <"$WHEELS/$CUDA_WHL")" ] || die "the CUDA wheel's parts do not join to the wheel"
 
 # --- manifests: sha256 per file, the bundle count, one id for this prepare run
 ID=$(cat "$S1"/* "$S2"/* "$S3"/* | sha256sum | cut -c1-16)
