@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Collect, HERE, what travels to the GPU machine (../shared/GPU.md), into the ignored folder
-# .gpu/ as two bundles that each fit one device call (64 MiB with the working tree):
+# .gpu/ as bundles that each fit one device call (64 MiB with the working tree):
 #   .gpu/send1/  mlx-cuda-13 wheel part 1, the release binary (xz)
 #   .gpu/send2/  mlx-cuda-13 wheel part 2, the mlx + mlx-lm cp312 wheels, the Gemma-4 tokenizer
 #                (tar.xz); with --bf16-fixture also the bf16 tiny
 #                fixture + its oracle (tar.gz: 7 MiB, which no device script reads today; the
-#                e4b checks cover bf16)
-#   .gpu/send3/  optional: the f32 tiny fixture + its mlx-lm oracle (tar.gz), for `oracle_gpu`
-#                only (the tiny fixture is no GPU oracle: session 2); it stopped fitting in
-#                send1 once the tree passed ~15 MiB. Carry it in any later call. REQUIRED
-#                (third call) once send2 cannot hold the tokenizer: then it holds that too.
+#                e4b checks cover bf16), in send3 where send2 has no room
+#   .gpu/send3/  the f32 tiny fixture + its mlx-lm oracle (tar.gz), for `oracle_gpu` only (the
+#                tiny fixture is no GPU oracle: session 2): optional, carry it in any later
+#                call. REQUIRED (third call) once the CUDA wheel does not fit in send1 and
+#                send2 (a tracked tree over ~18 MiB, session 34): then it holds the wheel's
+#                part 3 too, and the manifests say `bundles 3`.
 # Each bundle holds MANIFEST-<n> (sha256 of its files, the bundle count and a prepare id),
 # so scripts/gpu/remote.sh can check what arrived and tell what is still missing.
 #
