@@ -111,43 +111,48 @@ fn a_kv_budget_still_gives_serial_tokens() {
     }
 }
 
-/// Runs `reqs` through `decoder` as `Decoder::run_rows` does (admission by `Decoder::admit`,
-/// then one step of the running rows): each row's ids and the most rows that ran together.
+/// Runs `reqs` through `decoder` as `Decoder::run_rows` does (`Decoder::admit` in
+/// `Decoder::admission_passes`, then one step of the running rows): each row's ids, the rows of the first step and the most rows that ran
+/// together.
 fn run_admitting(
     decoder: &Decoder<'_>,
     reqs: &[RowRequest],
     limits: Limits,
-) -> (Vec<Vec<u32>>, usize) {
+) -> (Vec<Vec<u32>>, usize, usize) {
     let need = |r: &RowRequest| decoder.kv_need(r.prompt.len(), r.max_tokens);
     let mut waiting: VecDeque<usize> = (0..reqs.len()).collect();
     let mut running: Vec<Row<usize>> = Vec::new();
     let mut got: Vec<Option<Vec<u32>>> = vec![None; reqs.len()];
-    let mut together = 0;
+    let (mut first, mut together) = (None, 0);
     while !(waiting.is_empty() && running.is_empty()) {
-        let running_need: Vec<u64> = running.iter().map(|r| need(&reqs[*r.tag()])).collect();
-        let waiting_need: Vec<u64> = waiting.iter().map(|&i| need(&reqs[i])).collect();
-        for _ in 0..decoder.admit(limits, &running_need, &waiting_need) {
-            let i = waiting.pop_front().expect("admitted from the waiting rows");
-            match decoder.start(i, reqs[i].clone()) {
-                Ok(Started::Running(row)) => running.push(row),
-                Ok(Started::Done(i, out)) => got[i] = Some(out.ids),
-                Err(e) => panic!("start {i}: {}", e.error),
+        decoder.admission_passes(|| {
+            let running_need: Vec<u64> = running.iter().map(|r| need(&reqs[*r.tag()])).collect();
+            let waiting_need: Vec<u64> = waiting.iter().map(|&i| need(&reqs[i])).collect();
+            for _ in 0..decoder.admit(limits, &running_need, &waiting_need) {
+                let i = waiting.pop_front().expect("admitted from the waiting rows");
+                match decoder.start(i, reqs[i].clone()) {
+                    Ok(Started::Running(row)) => running.push(row),
+                    Ok(Started::Done(i, out)) => got[i] = Some(out.ids),
+                    Err(e) => panic!("start {i}: {}", e.error),
+                }
             }
-        }
+        });
         together = together.max(running.len());
         if !running.is_empty() {
+            first.get_or_insert(running.len());
             for (i, out) in decoder.step(&mut running).expect("step") {
                 got[i] = Some(out.ids);
             }
         }
     }
     let got = got.into_iter().map(|g| g.expect("every row ran")).collect();
-    (got, together)
+    (got, first.unwrap_or(0), together)
 }
 
 /// A KV budget holds from a decoder's first admission: before any prefill has measured the
-/// bytes per position (every need reads 0) it starts one row, then as many as the budget
-/// holds, in both KV layouts; always the serial tokens.
+/// bytes per position (every need reads 0) it starts one row, and once that row's prefill has
+/// measured them, as many more as the budget holds, before the first step; in both KV layouts,
+/// always the serial tokens.
 #[test]
 fn a_kv_budget_holds_from_the_first_admission() {
     let model = model(WeightChoice::Quantized);
@@ -169,16 +174,40 @@ fn a_kv_budget_holds_from_the_first_admission() {
     };
     assert!(one > 0);
     for shared in [false, true] {
-        for (kv_budget, most) in [(None, 4), (Some(1), 1), (Some(2 * one), 2)] {
+        // Decode steps of `run_rows` itself: as many under a budget that holds every row as
+        // without one (all rows start before the first step), more one row at a time.
+        let steps = |kv_budget| {
             let decoder = Decoder::new(&model, &stop).with_shared_kv(shared);
             let limits = Limits {
                 width: 4,
                 kv_budget,
             };
-            let (got, together) = run_admitting(&decoder, &reqs, limits);
+            let rows = decoder.run_rows(reqs.clone(), limits);
+            let rows: Vec<Vec<u32>> = rows.into_iter().map(|r| r.expect("row").ids).collect();
+            assert_eq!(
+                rows, want,
+                "shared KV {shared}, budget {kv_budget:?}: run_rows"
+            );
+            decoder.profile().steps
+        };
+        let free = steps(None);
+        assert_eq!(steps(Some(4 * one)), free, "shared KV {shared}");
+        assert!(steps(Some(1)) > free, "shared KV {shared}");
+        for (kv_budget, most) in [
+            (None, 4),
+            (Some(1), 1),
+            (Some(2 * one), 2),
+            (Some(4 * one), 4),
+        ] {
+            let decoder = Decoder::new(&model, &stop).with_shared_kv(shared);
+            let limits = Limits {
+                width: 4,
+                kv_budget,
+            };
+            let (got, first, together) = run_admitting(&decoder, &reqs, limits);
             let case = format!("shared KV {shared}, budget {kv_budget:?}");
             assert_eq!(got, want, "{case}");
-            assert_eq!(together, most, "{case}");
+            assert_eq!((first, together), (most, most), "{case}");
         }
     }
 }

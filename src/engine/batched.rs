@@ -822,30 +822,44 @@ impl<'a> Decoder<'a> {
         scheduler::row_kv_bytes(prompt_tokens, max_tokens, self.bytes_per_token())
     }
 
+    /// Runs `pass` (one admission: [`Decoder::admit`] over the waiting rows, starting those
+    /// it admits), and once more where that pass's prefills measured the first KV bytes per
+    /// position: the rows the budget then holds start before the next step, as they would
+    /// without a budget, instead of one step later.
+    pub fn admission_passes(&self, mut pass: impl FnMut()) {
+        let measured = self.bytes_per_token() > 0;
+        pass();
+        if !measured && self.bytes_per_token() > 0 {
+            pass();
+        }
+    }
+
     /// Runs `reqs` with continuous batching under `limits`; outputs in input order.
     pub fn run_rows(&self, reqs: Vec<RowRequest>, limits: Limits) -> Vec<Result<RowOutput>> {
         let mut out: Vec<Option<Result<RowOutput>>> = (0..reqs.len()).map(|_| None).collect();
         let mut waiting: VecDeque<(usize, RowRequest)> = reqs.into_iter().enumerate().collect();
         let mut running: Vec<Row<usize>> = Vec::new();
         loop {
-            let running_need: Vec<u64> = running
-                .iter()
-                .map(|r| self.kv_need(r.prompt_tokens, r.max_tokens))
-                .collect();
-            let waiting_need: Vec<u64> = waiting
-                .iter()
-                .map(|(_, r)| self.kv_need(r.prompt.len(), r.max_tokens))
-                .collect();
-            for _ in 0..self.admit(limits, &running_need, &waiting_need) {
-                let Some((i, req)) = waiting.pop_front() else {
-                    break;
-                };
-                match self.start(i, req) {
-                    Ok(Started::Running(row)) => running.push(row),
-                    Ok(Started::Done(i, o)) => out[i] = Some(Ok(o)),
-                    Err(StartError { job: i, error }) => out[i] = Some(Err(error)),
+            self.admission_passes(|| {
+                let running_need: Vec<u64> = running
+                    .iter()
+                    .map(|r| self.kv_need(r.prompt_tokens, r.max_tokens))
+                    .collect();
+                let waiting_need: Vec<u64> = waiting
+                    .iter()
+                    .map(|(_, r)| self.kv_need(r.prompt.len(), r.max_tokens))
+                    .collect();
+                for _ in 0..self.admit(limits, &running_need, &waiting_need) {
+                    let Some((i, req)) = waiting.pop_front() else {
+                        break;
+                    };
+                    match self.start(i, req) {
+                        Ok(Started::Running(row)) => running.push(row),
+                        Ok(Started::Done(i, o)) => out[i] = Some(Ok(o)),
+                        Err(StartError { job: i, error }) => out[i] = Some(Err(error)),
+                    }
                 }
-            }
+            });
             if running.is_empty() {
                 if waiting.is_empty() {
                     break;
@@ -930,48 +944,14 @@ impl Batched {
         }
     }
 
-    fn completion(&self, out: RowOutput) -> Result<Completion> {
-        Ok(Completion {
-            text: self.inner.prompter().tokenizer().decode(&out.ids)?,
-            ids: out.ids,
-            prompt_tokens: out.prompt_tokens,
-            stop: out.stop,
-            prefill_time: out.prefill_time,
-            decode_time: out.decode_time,
-            speculation: out.speculation,
-        })
-    }
-}
-
-impl Backend for Batched {
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            mode: match self.inner.speculation() {
-                None => "batched".into(),
-                Some(s) => format!("batched, speculative k{} (rows alone)", s.max_drafts),
-            },
-            ..Generate::info(&self.inner)
-        }
-    }
-
-    fn run(&mut self, jobs: Vec<Job>, intake: &mut Intake<'_>) {
-        let decoder = Decoder::new(self.inner.model(), self.inner.stop_ids())
-            .with_registry(self.inner.adapters().clone())
-            .with_speculation(self.inner.speculation().cloned());
-        let mut waiting: VecDeque<Waiting> = jobs.into_iter().map(Waiting::new).collect();
-        let mut running: Vec<Row<Job>> = Vec::new();
-        loop {
-            waiting.extend(intake.pull().into_iter().map(Waiting::new));
-            // Interrupted rows leave at the step boundary; the others are untouched.
-            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut running)
-                .into_iter()
-                .partition(|r| r.tag().interruption().is_some());
-            running = kept;
-            for row in gone {
-                let job = row.into_tag();
-                let e = job.interruption().unwrap_or(Error::Cancelled);
-                job.finish(Err(e));
-            }
+    /// Starts the waiting jobs `decoder` admits now (see [`Decoder::admission_passes`]).
+    fn admit_waiting(
+        &self,
+        decoder: &Decoder<'_>,
+        waiting: &mut VecDeque<Waiting>,
+        running: &mut Vec<Row<Job>>,
+    ) {
+        decoder.admission_passes(|| {
             let running_need: Vec<u64> = running
                 .iter()
                 .map(|r| decoder.kv_need(r.prompt_tokens, r.max_tokens))
@@ -1015,6 +995,52 @@ impl Backend for Batched {
                     Err(StartError { job, error }) => job.finish(Err(error)),
                 }
             }
+        });
+    }
+
+    fn completion(&self, out: RowOutput) -> Result<Completion> {
+        Ok(Completion {
+            text: self.inner.prompter().tokenizer().decode(&out.ids)?,
+            ids: out.ids,
+            prompt_tokens: out.prompt_tokens,
+            stop: out.stop,
+            prefill_time: out.prefill_time,
+            decode_time: out.decode_time,
+            speculation: out.speculation,
+        })
+    }
+}
+
+impl Backend for Batched {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            mode: match self.inner.speculation() {
+                None => "batched".into(),
+                Some(s) => format!("batched, speculative k{} (rows alone)", s.max_drafts),
+            },
+            ..Generate::info(&self.inner)
+        }
+    }
+
+    fn run(&mut self, jobs: Vec<Job>, intake: &mut Intake<'_>) {
+        let decoder = Decoder::new(self.inner.model(), self.inner.stop_ids())
+            .with_registry(self.inner.adapters().clone())
+            .with_speculation(self.inner.speculation().cloned());
+        let mut waiting: VecDeque<Waiting> = jobs.into_iter().map(Waiting::new).collect();
+        let mut running: Vec<Row<Job>> = Vec::new();
+        loop {
+            waiting.extend(intake.pull().into_iter().map(Waiting::new));
+            // Interrupted rows leave at the step boundary; the others are untouched.
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut running)
+                .into_iter()
+                .partition(|r| r.tag().interruption().is_some());
+            running = kept;
+            for row in gone {
+                let job = row.into_tag();
+                let e = job.interruption().unwrap_or(Error::Cancelled);
+                job.finish(Err(e));
+            }
+            self.admit_waiting(&decoder, &mut waiting, &mut running);
             if running.is_empty() {
                 if waiting.is_empty() {
                     break;
