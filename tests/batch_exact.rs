@@ -112,8 +112,8 @@ fn a_kv_budget_still_gives_serial_tokens() {
 }
 
 /// Runs `reqs` through `decoder` as `Decoder::run_rows` does (`Decoder::admit` in
-/// `Decoder::admission_passes`, then one step of the running rows): each row's ids, the rows of the first step and the most rows that ran
-/// together.
+/// `Decoder::admission_passes`, then one step of the running rows): each row's ids, the rows
+/// of the first step and the most rows that ran together.
 fn run_admitting(
     decoder: &Decoder<'_>,
     reqs: &[RowRequest],
