@@ -22,6 +22,10 @@
 #           compare: the machine drifts between rounds)
 #   ab      the same bench on EXTRACT at width 8 with RoPE and the greedy pick run once per
 #           row (MEMEXEC_ROW_OPS=per-row, the decoder before 2026-11-30 session 3)
+#   extract issue #8's target (2): EXTRACT at width 8 (serial and batched interleaved, 3 reps)
+#           in EXTRACT_ROUNDS (default 2) rounds; with MEMEXEC_B (another binary, e.g. carried
+#           in .gpu/extra/) each round runs it right after $MEMEXEC (an interleaved A/B); one
+#           JSON per round and arm ($OUT/extract-rN-A.json, -B.json)
 # Example: run(command="bash scripts/gpu/remote.sh 'bash scripts/gpu/steps.sh check warm'")
 set -uo pipefail
 # MLX CUDA caches one CUDA graph per decode shape; the default cache thrashes ("Cache thrashing
@@ -74,6 +78,17 @@ for step in "$@"; do
   ab)
     MEMEXEC_ROW_OPS=per-row timeout 200 $MEMEXEC bench --model "$E4B" \
       --workloads EXTRACT --widths 8 --reps 2 --no-mlx-lm --json-out "$OUT/memexec-bench-before.json" || rc=1 ;;
+  extract)
+    [ -z "${MEMEXEC_B:-}" ] || chmod +x "$MEMEXEC_B"
+    for i in $(seq 1 "${EXTRACT_ROUNDS:-2}"); do
+      for arm in A ${MEMEXEC_B:+B}; do
+        bin=$MEMEXEC
+        [ "$arm" = B ] && bin=$MEMEXEC_B
+        echo "round $i arm $arm: $bin"
+        timeout 150 "$bin" bench --model "$E4B" --workloads EXTRACT --widths 8 --reps 3 \
+          --no-mlx-lm --json-out "$OUT/extract-r$i-$arm.json" 2>&1 | tail -5 || rc=1
+      done
+    done ;;
   *) echo "unknown step $step"; rc=2 ;;
   esac
 done
