@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use memexec::config::Config;
-use memexec::engine::{CallOptions, Completion, Engine, LocalInput, ModelBackend};
+use memexec::engine::scheduler::Limits;
+use memexec::engine::{
+    CallOptions, Completion, Decoder, Engine, LocalInput, ModelBackend, RowRequest,
+};
 use memexec::generate::{greedy, GenerateOptions};
 use memexec::model::{Model, WeightChoice};
 use memexec::prompt::Prompter;
@@ -350,4 +353,65 @@ fn calls_queued_under_a_tight_kv_budget_answer_alone_and_fail_alone() {
         }
     }
     assert_eq!(engine.stats().failed, 1);
+}
+
+/// A batch call takes the decode steps of `Decoder::run_rows` starting every row before the
+/// first step, under the default KV budget and under one that holds every row (the engine's
+/// own admission path: before any prefill has measured the KV bytes per position it starts
+/// one row, and the rest once that prefill has measured them), and more steps under a budget
+/// that holds one row at a time; the same texts each way. Serial mode reports no steps.
+#[test]
+fn a_batch_call_starts_every_row_its_kv_budget_holds_before_the_first_step() {
+    let dir = fixture();
+    let (stage, max_tokens) = ("entity", 6);
+    let inputs: Vec<LocalInput> = ["Grace Hopper", "Ada Lovelace in London", "Alan Turing", "x"]
+        .into_iter()
+        .map(LocalInput::user)
+        .collect();
+    // The reference: the decoder alone, no budget, all four rows admitted at once.
+    let want_steps = {
+        let model = Model::load_with(&dir, WeightChoice::Auto).unwrap();
+        let prompter = Prompter::from_dir(&dir).unwrap();
+        let stop = ModelBackend::load(&Config::for_model(&dir))
+            .unwrap()
+            .stop_ids()
+            .to_vec();
+        let reqs: Vec<RowRequest> = inputs
+            .iter()
+            .map(|i| RowRequest::new(prompter.prompt_ids(stage, i).unwrap(), max_tokens))
+            .collect();
+        let decoder = Decoder::new(&model, &stop);
+        let limits = Limits {
+            width: 4,
+            kv_budget: None,
+        };
+        for row in decoder.run_rows(reqs, limits) {
+            row.unwrap();
+        }
+        decoder.profile().steps as u64
+    };
+    let run = |width: usize, max_kv_bytes: Option<u64>| {
+        let mut config = Config::for_model(&dir);
+        config.batch_width = width;
+        config.limits.max_kv_bytes = max_kv_bytes;
+        let engine = Engine::new(config).unwrap();
+        let before = engine.stats().batched_steps;
+        let opts = CallOptions {
+            max_tokens: Some(max_tokens),
+        };
+        let got = engine.batch(stage, inputs.clone(), opts).unwrap();
+        let texts: Vec<String> = got.into_iter().map(|c| c.text).collect();
+        (texts, before, engine.stats().batched_steps)
+    };
+    let (want, before, none) = run(1, None);
+    assert_eq!((before, none), (None, None), "serial mode");
+    for budget in [None, Some(1 << 40)] {
+        let (texts, before, steps) = run(4, budget);
+        assert_eq!(texts, want, "budget {budget:?}");
+        assert_eq!(before, Some(0), "budget {budget:?}");
+        assert_eq!(steps, Some(want_steps), "budget {budget:?}");
+    }
+    let (texts, _, steps) = run(4, Some(1));
+    assert_eq!(texts, want, "one row at a time");
+    assert!(steps.unwrap() > want_steps, "one row at a time: {steps:?}");
 }

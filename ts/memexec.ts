@@ -46,6 +46,8 @@ export interface Stats {
   prefill_seconds: number;
   decode_seconds: number;
   peak_memory_bytes: number;
+  /** In batched mode: decode steps so far (a step over several rows counts once). */
+  batched_steps?: number;
   /** With `speculate` configured: draft counts of the finished calls. */
   speculation?: {
     steps: number;

@@ -90,6 +90,8 @@ export interface Stats {
   prefillSeconds: number
   decodeSeconds: number
   peakMemoryBytes: number
+  /** In batched mode: decode steps so far (a step over several rows counts once). */
+  batchedSteps?: number
   /** Draft counts where calls decode speculatively (`speculate` in the config). */
   speculation?: SpeculationStats
 }

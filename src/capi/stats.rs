@@ -8,10 +8,11 @@ use super::strings::{into_c_string, require_out, write_out};
 use crate::Error;
 
 /// Writes the engine's counters since `memexec_new` as a JSON object to `*out_json` (required;
-/// free with `memexec_string_free`): `mode`, `batch_width`, `load_seconds`, `completed`,
-/// `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`, `decode_seconds`,
-/// `peak_memory_bytes`, and with `speculate` configured `speculation` (`steps`,
-/// `steps_with_drafts`, `drafted`, `accepted`, `paused_steps`).
+/// free with `memexec_string_free`): `mode`, `weights`, `batch_width`, `load_seconds`,
+/// `completed`, `failed`, `cancelled`, `tokens_in`, `tokens_out`, `prefill_seconds`,
+/// `decode_seconds`, `peak_memory_bytes`, in batched mode `batched_steps` (decode steps, a
+/// step over several rows counting once), and with `speculate` configured `speculation`
+/// (`steps`, `steps_with_drafts`, `drafted`, `accepted`, `paused_steps`).
 ///
 /// Thread-safe; never blocks on generation. Returns: `OK`; `NULL_ARGUMENT`; `INVALID_HANDLE`;
 /// `INTERNAL`.

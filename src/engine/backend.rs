@@ -7,8 +7,10 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Mutex;
 
 use super::request::Job;
+use super::stats::Stats;
 
 /// What the engine thread drives. Implementations live on the engine thread only, so they need
 /// not be `Send` after construction (they are built on that thread by the loader).
@@ -24,6 +26,12 @@ pub trait Backend {
     /// MLX's peak memory in bytes, if the backend can tell.
     fn peak_memory(&self) -> Option<u64> {
         None
+    }
+
+    /// Whether the backend steps several rows at once (and counts its steps with
+    /// [`Intake::count_batched_steps`]).
+    fn batches_rows(&self) -> bool {
+        false
     }
 }
 
@@ -54,15 +62,30 @@ pub(crate) enum Msg {
 pub struct Intake<'a> {
     rx: &'a Receiver<Msg>,
     closing: &'a AtomicBool,
+    stats: &'a Mutex<Stats>,
     shutdown: bool,
 }
 
 impl<'a> Intake<'a> {
-    pub(crate) fn new(rx: &'a Receiver<Msg>, closing: &'a AtomicBool) -> Self {
+    pub(crate) fn new(
+        rx: &'a Receiver<Msg>,
+        closing: &'a AtomicBool,
+        stats: &'a Mutex<Stats>,
+    ) -> Self {
         Intake {
             rx,
             closing,
+            stats,
             shutdown: false,
+        }
+    }
+
+    /// Adds `steps` decode steps to [`Stats::batched_steps`]. A backend calls it before it
+    /// answers the jobs those steps finished, so a caller reading the stats after its answer
+    /// sees every step its call took part in.
+    pub fn count_batched_steps(&self, steps: u64) {
+        if let Ok(mut s) = self.stats.lock() {
+            s.batched_steps = Some(s.batched_steps.unwrap_or(0) + steps);
         }
     }
 

@@ -1047,7 +1047,10 @@ impl Backend for Batched {
                 }
                 continue;
             }
-            match decoder.step(&mut running) {
+            let before = decoder.profile().steps;
+            let stepped = decoder.step(&mut running);
+            intake.count_batched_steps(decoder.profile().steps.saturating_sub(before) as u64);
+            match stepped {
                 Ok(done) => {
                     for (job, out) in done {
                         let result = self.completion(out);
@@ -1066,6 +1069,10 @@ impl Backend for Batched {
 
     fn peak_memory(&self) -> Option<u64> {
         Generate::peak_memory(&self.inner)
+    }
+
+    fn batches_rows(&self) -> bool {
+        true
     }
 }
 

@@ -87,6 +87,7 @@ impl Engine {
                         s.mode = info.mode.clone();
                         s.weights = info.weights.clone();
                         s.load_seconds = started.elapsed().as_secs_f64();
+                        s.batched_steps = backend.batches_rows().then_some(0);
                     }
                     if loaded_tx.send(Ok(info)).is_err() {
                         return;
@@ -270,7 +271,7 @@ fn serve(
 ) {
     while let Ok(msg) = rx.recv() {
         let Msg::Jobs(jobs) = msg else { break };
-        let mut intake = Intake::new(rx, closing);
+        let mut intake = Intake::new(rx, closing, stats);
         let mut jobs = jobs;
         jobs.extend(intake.pull());
         // A panicking backend drops its jobs: their callers see the engine fail, and the

@@ -33,6 +33,10 @@ pub struct Stats {
     pub decode_seconds: f64,
     /// MLX's peak memory in bytes, as of the last finished engine run.
     pub peak_memory_bytes: u64,
+    /// In batched mode, the decode steps run so far (a step over several rows counts once,
+    /// so this against `tokens_out` shows how much the rows shared); absent in serial mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batched_steps: Option<u64>,
     /// Where calls decode speculatively (`speculate` in the config): the draft counts of the
     /// completed calls (zeros before the first); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -48,6 +48,8 @@ pub struct Stats {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub peak_memory_bytes: f64,
+    /// In batched mode: decode steps so far (a step over several rows counts once).
+    pub batched_steps: Option<f64>,
     /// Draft counts where calls decode speculatively (`speculate` in the config).
     pub speculation: Option<SpeculationStats>,
 }
@@ -279,6 +281,7 @@ impl Engine {
             prefill_seconds: s.prefill_seconds,
             decode_seconds: s.decode_seconds,
             peak_memory_bytes: s.peak_memory_bytes as f64,
+            batched_steps: s.batched_steps.map(|n| n as f64),
             speculation: s.speculation.map(|p| SpeculationStats {
                 steps: p.steps as f64,
                 steps_with_drafts: p.steps_with_drafts as f64,

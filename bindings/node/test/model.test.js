@@ -1,6 +1,7 @@
 // The addon's seam on the tiny fixture: answers equal the Rust API's serial greedy texts (oracle
 // written by scripts/host-oracle.sh), batch order, empty batch, and the event loop keeps running
-// during a 200-token call, a speculative engine. Runs under `node --test` and `bun test`.
+// during a 200-token call, a speculative engine, a batched engine's step count. Runs under
+// `node --test` and `bun test`.
 "use strict";
 const { test, before, after } = require("node:test");
 const assert = require("node:assert/strict");
@@ -65,6 +66,7 @@ test("a speculative engine answers as serial greedy and reports its draft counts
     // A call's counts are recorded before its answer is sent: no waiting here.
     const s = engine.stats();
     assert.match(s.mode, /speculative k3/);
+    assert.equal(s.batchedSteps, undefined, "a serial engine reports batched steps");
     assert.ok(s.speculation, "stats carry no speculation counts");
     assert.ok(s.speculation.steps > 0 && s.speculation.steps <= l.tokens, JSON.stringify(s.speculation));
     assert.ok(s.speculation.accepted <= s.speculation.drafted, JSON.stringify(s.speculation));
@@ -73,6 +75,21 @@ test("a speculative engine answers as serial greedy and reports its draft counts
       s.speculation.pausedSteps + s.speculation.stepsWithDrafts <= s.speculation.steps,
       JSON.stringify(s.speculation),
     );
+  } finally {
+    engine.close();
+  }
+});
+
+test("a batched engine counts its decode steps, which the rows of a batch share", async () => {
+  const { open } = require("../index.js");
+  const engine = await open(JSON.stringify({ model_dir: oracle.model_dir, batch_width: 4 }));
+  try {
+    assert.equal(engine.stats().batchedSteps, 0);
+    const b = oracle.batch;
+    assert.deepEqual(await engine.batch(b.stage, b.inputs, { maxTokens: b.max_tokens }), b.texts);
+    // Counted before the answers are sent: no waiting here.
+    const s = engine.stats();
+    assert.ok(s.batchedSteps > 0 && s.batchedSteps < s.tokensOut, JSON.stringify(s));
   } finally {
     engine.close();
   }
