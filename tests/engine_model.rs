@@ -370,17 +370,15 @@ fn a_batch_call_starts_every_row_its_kv_budget_holds_before_the_first_step() {
         .collect();
     // The reference: the decoder alone, no budget, all four rows admitted at once.
     let want_steps = {
-        let model = Model::load_with(&dir, WeightChoice::Auto).unwrap();
-        let prompter = Prompter::from_dir(&dir).unwrap();
-        let stop = ModelBackend::load(&Config::for_model(&dir))
-            .unwrap()
-            .stop_ids()
-            .to_vec();
+        let backend = ModelBackend::load(&Config::for_model(&dir)).unwrap();
         let reqs: Vec<RowRequest> = inputs
             .iter()
-            .map(|i| RowRequest::new(prompter.prompt_ids(stage, i).unwrap(), max_tokens))
+            .map(|i| {
+                let ids = backend.prompter().prompt_ids(stage, i).unwrap();
+                RowRequest::new(ids, max_tokens)
+            })
             .collect();
-        let decoder = Decoder::new(&model, &stop);
+        let decoder = Decoder::new(backend.model(), backend.stop_ids());
         let limits = Limits {
             width: 4,
             kv_budget: None,
