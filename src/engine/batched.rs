@@ -822,6 +822,25 @@ impl<'a> Decoder<'a> {
         scheduler::row_kv_bytes(prompt_tokens, max_tokens, self.bytes_per_token())
     }
 
+    /// [`Decoder::admit`] over `running` and the waiting rows' `(prompt tokens, max tokens)`,
+    /// front first: how many of those rows to start now.
+    pub fn admissible<T>(
+        &self,
+        limits: Limits,
+        running: &[Row<T>],
+        waiting: impl IntoIterator<Item = (usize, usize)>,
+    ) -> usize {
+        let running_need: Vec<u64> = running
+            .iter()
+            .map(|r| self.kv_need(r.prompt_tokens, r.max_tokens))
+            .collect();
+        let waiting_need: Vec<u64> = waiting
+            .into_iter()
+            .map(|(prompt_tokens, max_tokens)| self.kv_need(prompt_tokens, max_tokens))
+            .collect();
+        self.admit(limits, &running_need, &waiting_need)
+    }
+
     /// Runs `pass` (one admission: [`Decoder::admit`] over the waiting rows, starting those
     /// it admits), and once more where that pass's prefills measured the first KV bytes per
     /// position: the rows the budget then holds start before the next step, as they would
@@ -841,15 +860,8 @@ impl<'a> Decoder<'a> {
         let mut running: Vec<Row<usize>> = Vec::new();
         loop {
             self.admission_passes(|| {
-                let running_need: Vec<u64> = running
-                    .iter()
-                    .map(|r| self.kv_need(r.prompt_tokens, r.max_tokens))
-                    .collect();
-                let waiting_need: Vec<u64> = waiting
-                    .iter()
-                    .map(|(_, r)| self.kv_need(r.prompt.len(), r.max_tokens))
-                    .collect();
-                for _ in 0..self.admit(limits, &running_need, &waiting_need) {
+                let waiting_rows = waiting.iter().map(|(_, r)| (r.prompt.len(), r.max_tokens));
+                for _ in 0..self.admissible(limits, &running, waiting_rows) {
                     let Some((i, req)) = waiting.pop_front() else {
                         break;
                     };
@@ -952,21 +964,16 @@ impl Batched {
         running: &mut Vec<Row<Job>>,
     ) {
         decoder.admission_passes(|| {
-            let running_need: Vec<u64> = running
-                .iter()
-                .map(|r| decoder.kv_need(r.prompt_tokens, r.max_tokens))
-                .collect();
             // The jobs that could join now are rendered (once each), so the budget counts
             // their prompts; the ones behind them cannot be admitted before them anyway.
             let room = self.limits.width.max(1).saturating_sub(running.len());
             for w in waiting.iter_mut().take(room) {
                 w.render(&self.inner);
             }
-            let waiting_need: Vec<u64> = waiting
+            let waiting_rows = waiting
                 .iter()
-                .map(|w| decoder.kv_need(w.prompt_tokens(), w.job.max_tokens))
-                .collect();
-            for _ in 0..decoder.admit(self.limits, &running_need, &waiting_need) {
+                .map(|w| (w.prompt_tokens(), w.job.max_tokens));
+            for _ in 0..decoder.admissible(self.limits, running, waiting_rows) {
                 let Some(Waiting { job, prompt }) = waiting.pop_front() else {
                     break;
                 };
