@@ -8,6 +8,7 @@ P400=$($PY -c "import random;r=random.Random(0);print(','.join(str(r.randrange(3
 GEN="$MEMEXEC generate --model $E4B --prompt-ids $P400 --max-tokens 64 --ignore-eos --json"
 export MLX_CUDA_GRAPH_CACHE_SIZE=4096
 $GEN > /dev/null; echo "warm-up rc=$?"
+$GEN | $PY -c "import json,sys;d=json.load(sys.stdin);print('untraced memexec', round(d['decode_tokens_per_s'],1), 'tok/s', {k:round(v,2) for k,v in d['decode_profile_ms_per_step'].items()})"
 trace() { # NAME CUPTI-OPTIONS -- COMMAND...
   local name=$1; shift
   echo "=== $name"
