@@ -88,9 +88,10 @@ impl Generation {
 
 /// Host time of a generation's decode steps, split by what the host was doing: building a
 /// step's graph, handing it to MLX ([`async_eval`], which on a GPU encodes every kernel), and
-/// waiting for a token. A pipelined decoder whose `wait` is near zero is bound by the host (the
-/// device finishes each step before the next is queued); a large `wait` means the device is
-/// the bottleneck.
+/// waiting for a token. A large `wait` means the device is the bottleneck. A `wait` near zero
+/// does not prove the host is: MLX lets only a few committed graphs run ahead, so `queue` also
+/// absorbs the time it blocks while a busy device catches up (a kernel trace tells the two
+/// apart: `scripts/gpu/cupti_trace.py`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DecodeProfile {
     /// Decode steps built.
