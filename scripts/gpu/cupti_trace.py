@@ -72,8 +72,10 @@ static void CUPTIAPI completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, 
    every failed update (its result code, the node it names, that node's kernel) and one on
    cudaGraphInstantiate logs the graph's node types (kernel / memcpy / memset / child graph /
    empty / other), since a graph MLX does not try to update is instantiated without a failed
-   update first. Nodes are read with the driver API (libcuda, the one copy in the process):
-   a runtime call from here could re-enter this callback. */
+   update first. Nodes are read with the driver API (libcuda, the one copy in the process, so
+   no second CUDA runtime is linked in). Those calls re-enter this callback through the driver
+   domain, whose names never match the two logged here, and with --api they show up among the
+   host's calls (a few `cuGraphNodeGetType` per step). */
 typedef struct { cudaGraphExec_t exec; cudaGraph_t graph; cudaGraphExecUpdateResultInfo *info; } UpdateParams;
 typedef struct { cudaGraphExec_t *exec; cudaGraph_t graph; } InstantiateParams;
 
