@@ -21,6 +21,7 @@ pub mod gemma4;
 pub mod linear;
 pub mod linear_group;
 pub mod norm;
+pub mod quantized_row;
 pub mod quantized_rows;
 pub mod rope;
 pub mod row_kernel;
@@ -70,6 +71,11 @@ pub struct ForwardCtx {
     /// suit it. Set only where [`quantized_rows::available`] says the kernel runs and matches
     /// MLX.
     pub product_kernel: bool,
+    /// One-position products of ONE row run through memexec's CUDA kernel that gives MLX's
+    /// one-row bits in less device time ([`quantized_row`]), where the weights suit it. The
+    /// model sets it on every forward call where [`ModelInfo::row_kernel`] says so; callers
+    /// leave it off.
+    pub row_kernel: bool,
     /// Rows of a one-position forward that hold the same number of keys attend in one op
     /// over their stacked keys (see [`attention::attend_rows`]) instead of one op per row.
     /// Exact only where the backend's attention treats batch entries independently: true on
@@ -85,6 +91,7 @@ impl ForwardCtx {
             adapters,
             product_rows: None,
             product_kernel: false,
+            row_kernel: false,
             stacked_attention: false,
         }
     }
@@ -167,6 +174,9 @@ pub struct ModelInfo {
     pub fused_groups: usize,
     /// How decode steps attend (serial and batched alike).
     pub decode_attention: DecodeAttention,
+    /// Whether one-row quantized products run through memexec's kernel
+    /// ([`quantized_row::available`] on a GPU; see [`ForwardCtx::row_kernel`]).
+    pub row_kernel: bool,
 }
 
 enum Arch {
@@ -264,6 +274,10 @@ impl Model {
             }
             DecodeAttention::Mlx => {}
         }
+        let row_kernel = !facts.cpu && quantized_row::available();
+        if row_kernel {
+            tracing::info!("one-row products: memexec's kernel");
+        }
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),
             eos_token_ids: cfg.eos_token_ids.clone(),
@@ -276,6 +290,7 @@ impl Model {
             on_cpu: facts.cpu,
             fused_groups,
             decode_attention,
+            row_kernel,
         };
         let mut model = Model {
             arch,
@@ -365,6 +380,16 @@ impl Model {
         caches: &mut [&mut RowCache],
         ctx: &ForwardCtx,
     ) -> Result<Array> {
+        let with_row_kernel;
+        let ctx = if self.info.row_kernel && !ctx.row_kernel {
+            with_row_kernel = ForwardCtx {
+                row_kernel: true,
+                ..ctx.clone()
+            };
+            &with_row_kernel
+        } else {
+            ctx
+        };
         let logits = match &self.arch {
             Arch::Gemma4(m) => m.forward(tokens, caches, ctx, self.info.decode_attention)?,
             Arch::Gemma3(m) => m.forward(tokens, caches, ctx, self.info.decode_attention)?,

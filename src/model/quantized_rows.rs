@@ -58,8 +58,8 @@ fn kernel() -> Result<Rc<CudaKernel>> {
 }
 
 /// Whether `x` (`[..., k]`) times `matrix` is a product the kernel computes as MLX's one-row
-/// kernel would.
-fn fits(x: &Array, matrix: &QuantizedMatrix) -> bool {
+/// kernel would (also [`super::quantized_row`]'s test: the same weights and inputs).
+pub(super) fn fits(x: &Array, matrix: &QuantizedMatrix) -> bool {
     let dtype = x.dtype();
     let (&[n, words], &[n_s, groups], &[n_b, groups_b]) = (
         matrix.weight.shape(),
