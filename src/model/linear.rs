@@ -31,7 +31,7 @@ impl QuantizedMatrix {
     /// [`super::linear_group`]) run the very same operation. A one-position input of two or
     /// more rows runs through memexec's row-exact kernel where [`ForwardCtx::product_kernel`]
     /// allows it and the weights suit it ([`super::quantized_rows`]), one of a single row
-    /// through the one-row kernel where [`ForwardCtx::row_kernel`] does
+    /// through the one-row kernel where [`ForwardCtx::row_kernel`] takes it
     /// ([`super::quantized_row`]); otherwise one of more
     /// rows than [`ForwardCtx::product_rows`] runs as balanced row chunks.
     pub(super) fn matmul(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
@@ -42,7 +42,7 @@ impl QuantizedMatrix {
         // once per eight rows. H200, session 21: a verification step of 5 rows waited 13.2 ->
         // 5.6 ms for the device (right drafts 198 -> 230 tok/s), EXTRACT at width 4 3605 /
         // 3710 -> 2925 / 3343 ms; width 2 unchanged (4701 / 5070 vs 5285 / 4934 ms).
-        if one_position && rows == 1 && ctx.row_kernel {
+        if one_position && rows == 1 && ctx.row_kernel.takes(self.nbytes()) {
             if let Some(y) = super::quantized_row::product(x, self)? {
                 return Ok(y);
             }

@@ -71,11 +71,11 @@ pub struct ForwardCtx {
     /// suit it. Set only where [`quantized_rows::available`] says the kernel runs and matches
     /// MLX.
     pub product_kernel: bool,
-    /// One-position products of ONE row run through memexec's CUDA kernel that gives MLX's
-    /// one-row bits in less device time ([`quantized_row`]), where the weights suit it. The
-    /// model sets it on every forward call where [`ModelInfo::row_kernel`] says so; callers
-    /// leave it off.
-    pub row_kernel: bool,
+    /// Which one-position products of ONE row run through memexec's CUDA kernel that gives
+    /// MLX's one-row bits in less device time ([`quantized_row`]), where the weights suit it.
+    /// The model sets it on every forward call from [`ModelInfo::row_kernel`]; callers leave
+    /// it off.
+    pub row_kernel: quantized_row::RowKernel,
     /// Rows of a one-position forward that hold the same number of keys attend in one op
     /// over their stacked keys (see [`attention::attend_rows`]) instead of one op per row.
     /// Exact only where the backend's attention treats batch entries independently: true on
@@ -91,7 +91,7 @@ impl ForwardCtx {
             adapters,
             product_rows: None,
             product_kernel: false,
-            row_kernel: false,
+            row_kernel: quantized_row::RowKernel::Off,
             stacked_attention: false,
         }
     }
@@ -174,9 +174,11 @@ pub struct ModelInfo {
     pub fused_groups: usize,
     /// How decode steps attend (serial and batched alike).
     pub decode_attention: DecodeAttention,
-    /// Whether one-row quantized products run through memexec's kernel
-    /// ([`quantized_row::available`] on a GPU; see [`ForwardCtx::row_kernel`]).
-    pub row_kernel: bool,
+    /// Which one-row quantized products run through memexec's kernel: as
+    /// `MEMEXEC_ROW_KERNEL` asks ([`quantized_row::RowKernel`], off by default) on a GPU where
+    /// [`quantized_row::available`] says it runs and matches MLX, else none (see
+    /// [`ForwardCtx::row_kernel`]).
+    pub row_kernel: quantized_row::RowKernel,
 }
 
 enum Arch {
@@ -274,10 +276,14 @@ impl Model {
             }
             DecodeAttention::Mlx => {}
         }
-        let row_kernel = !facts.cpu && quantized_row::available();
-        if row_kernel {
-            tracing::info!("one-row products: memexec's kernel");
-        }
+        let row_kernel = match quantized_row::RowKernel::from_env() {
+            quantized_row::RowKernel::Off => quantized_row::RowKernel::Off,
+            _ if facts.cpu || !quantized_row::available() => quantized_row::RowKernel::Off,
+            asked => {
+                tracing::info!(products = ?asked, "one-row products: memexec's kernel");
+                asked
+            }
+        };
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),
             eos_token_ids: cfg.eos_token_ids.clone(),
@@ -381,9 +387,9 @@ impl Model {
         ctx: &ForwardCtx,
     ) -> Result<Array> {
         let with_row_kernel;
-        let ctx = if self.info.row_kernel && !ctx.row_kernel {
+        let ctx = if self.info.row_kernel != ctx.row_kernel {
             with_row_kernel = ForwardCtx {
-                row_kernel: true,
+                row_kernel: self.info.row_kernel,
                 ..ctx.clone()
             };
             &with_row_kernel

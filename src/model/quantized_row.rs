@@ -11,10 +11,11 @@
 //! mlx-lm's and equal to the batched rows' (whose kernel, [`super::quantized_rows`], gives each
 //! row `qmv`'s bits as well).
 //!
-//! Used by [`super::linear`] for one-position inputs of ONE row when
-//! [`super::ForwardCtx::row_kernel`] is on (the model turns it on where [`available`] says
-//! the kernel runs and matches MLX here). Only 4-bit affine weights with groups of 32 / 64 /
-//! 128, as the rows kernel; anything else keeps MLX's product.
+//! Used by [`super::linear`] for one-position inputs of ONE row that
+//! [`super::ForwardCtx::row_kernel`] takes: off unless `MEMEXEC_ROW_KERNEL` asks (see
+//! [`RowKernel`] for why), and only where [`available`] says the kernel runs and matches MLX
+//! here. Only 4-bit affine weights with groups of 32 / 64 / 128, as the rows kernel; anything
+//! else keeps MLX's product.
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
@@ -35,42 +36,82 @@ const HEADER: &str = include_str!("kernels/quantized_rows_header.cuh");
 /// Warps per block.
 const WARPS: i32 = 8;
 
+/// Which one-row products run through the kernel (`MEMEXEC_ROW_KERNEL`).
+///
+/// Off by default. Why: on the H100s measured (session 39) the kernel takes half of `qmv`'s
+/// device time or less on the e4b's larger products (fused gate/up 38.1 -> 18.5 us, output head
+/// 372 -> 188 us), but a serial decode step there is bound by the host, and MLX's host work for
+/// a custom-kernel call is ~7 us more than for its own product (`scripts/gpu/kernel_host_cost.py`
+/// measures where): with the kernel on every product the step went 9.2 -> 10.9 ms. It pays
+/// where the device, not the host, bounds the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RowKernel {
+    /// MLX's `qmv` for every one-row product.
+    #[default]
+    Off,
+    /// The kernel for products whose packed weights hold at least [`LARGE_BYTES`] (the e4b's
+    /// fused gate/up and down projections, its full-attention q/k/v, the per-layer model
+    /// projection and the output head: the products where the device saving per call is
+    /// largest against the host's extra cost).
+    Large,
+    /// The kernel for every one-row product it fits.
+    All,
+}
+
+/// Packed weight bytes from which [`RowKernel::Large`] takes a product.
+pub const LARGE_BYTES: usize = 8 << 20;
+
+impl RowKernel {
+    /// The use `MEMEXEC_ROW_KERNEL` asks for.
+    pub fn from_env() -> RowKernel {
+        RowKernel::parse(std::env::var("MEMEXEC_ROW_KERNEL").ok().as_deref())
+    }
+
+    /// `all` / `1` / `on`, `large`, anything else (or nothing) off; any case.
+    pub fn parse(value: Option<&str>) -> RowKernel {
+        match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            Some("all" | "1" | "on") => RowKernel::All,
+            Some("large") => RowKernel::Large,
+            _ => RowKernel::Off,
+        }
+    }
+
+    /// Whether a product whose packed weights hold `bytes` runs through the kernel.
+    pub fn takes(self, bytes: usize) -> bool {
+        match self {
+            RowKernel::Off => false,
+            RowKernel::Large => bytes >= LARGE_BYTES,
+            RowKernel::All => true,
+        }
+    }
+}
+
 /// Columns per warp and steps of loads in flight (the kernel's `COLS` and `UNROLL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tile {
-    /// Output columns one warp computes.
-    pub cols: i32,
-    /// Steps (32 lanes x 16 inputs each for 2-byte types) whose loads are issued together.
-    pub unroll: i32,
+struct Tile {
+    cols: i32,
+    unroll: i32,
 }
 
-impl Tile {
-    /// The tile decoding uses: `MEMEXEC_ROW_KERNEL_TILE` (`COLSxUNROLL`, e.g. `4x2`; a tuning
-    /// knob for other GPUs, checked by the self-check like the default) or the default.
-    pub fn from_env() -> Tile {
-        Tile::parse(std::env::var("MEMEXEC_ROW_KERNEL_TILE").ok().as_deref())
-            .unwrap_or(DEFAULT_TILE)
-    }
-
-    /// A `COLSxUNROLL` value, each 1 to 8; `None` when it is not one.
-    pub fn parse(value: Option<&str>) -> Option<Tile> {
-        let (c, u) = value?.trim().split_once(['x', 'X'])?;
-        let (cols, unroll) = (c.trim().parse().ok()?, u.trim().parse().ok()?);
-        ((1..=8).contains(&cols) && (1..=8).contains(&unroll)).then_some(Tile { cols, unroll })
+/// The tile for `n` output columns. From the device times of session 39 (H100,
+/// `benchmarks/2026-12-07-h100-session39/`): four columns per warp and two steps in flight
+/// on the wide products (fused gate/up 18.5 us, the output head 188 us, against 19.1-19.9 and
+/// 230-236 with one column and four steps), one column and four steps below 8192 columns,
+/// where four columns per warp leave too few blocks for the card (2560 columns: 7.5 against
+/// 10.4 us).
+fn tile(n: i32) -> Tile {
+    if n >= 8192 {
+        Tile { cols: 4, unroll: 2 }
+    } else {
+        Tile { cols: 1, unroll: 4 }
     }
 }
-
-/// Four columns per warp, two steps in flight (H100, session 39: see the module docs of
-/// `scripts/gpu/quantized_row.py` for the sweep).
-pub const DEFAULT_TILE: Tile = Tile { cols: 4, unroll: 2 };
 
 thread_local! {
     /// The kernel, made on first use (see [`kernel_in`]).
     static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
     /// [`available`]'s answer on this thread, once asked.
     static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
-    /// The tile, read once per thread.
-    static TILE: Tile = Tile::from_env();
 }
 
 fn kernel() -> Result<Rc<CudaKernel>> {
@@ -96,7 +137,7 @@ pub(super) fn product(x: &Array, matrix: &QuantizedMatrix) -> Result<Option<Arra
     if rows != 1 || !fits(x, matrix) {
         return Ok(None);
     }
-    product_with(x, matrix, TILE.with(|t| *t)).map(Some)
+    product_with(x, matrix, tile(matrix.weight.dim(0))).map(Some)
 }
 
 fn product_with(x: &Array, matrix: &QuantizedMatrix, tile: Tile) -> Result<Array> {
@@ -122,18 +163,18 @@ fn product_with(x: &Array, matrix: &QuantizedMatrix, tile: Tile) -> Result<Array
 }
 
 /// Whether the kernel runs here and gives MLX's one-row bits ([`self_check`]), asked once per
-/// thread; `MEMEXEC_ROW_KERNEL=0` says no without asking. Logged once when it does not.
+/// thread. Logged once when it does not.
 pub fn available() -> bool {
     super::check_values::passes_once(
         &AVAILABLE,
-        "MEMEXEC_ROW_KERNEL",
+        "MEMEXEC_ROW_KERNEL_CHECK",
         "one-row products",
         "MLX's product",
         self_check,
     )
 }
 
-/// Runs the kernel (with the tile decoding uses) on small cases against MLX's product: fails
+/// Runs the kernel (with both tiles) on small cases against MLX's product: fails
 /// where it cannot compile or run (not an MLX CUDA build) or where any element's bits differ
 /// (an MLX whose one-row kernel changed).
 pub fn self_check() -> Result<()> {
@@ -142,8 +183,10 @@ pub fn self_check() -> Result<()> {
     // outputs: a block's last warp partly or wholly past the columns. bf16 and groups of 64
     // are the e4b's, so the kernel compiled here is the one decoding uses.
     let mut lcg = super::check_values::Lcg::new(0x85eb_ca6b);
-    let tile = TILE.with(|t| *t);
-    for (n, k) in [(24, 704), (100, 1024)] {
+    for ((n, k), tile) in [(24, 704), (100, 1024)]
+        .into_iter()
+        .flat_map(|s| [(s, tile(1)), (s, tile(8192))])
+    {
         let x = lcg.bf16(&[1, 1, k], -0.5, 1.0)?;
         let (weight, scales, biases) = quantize(&lcg.bf16(&[n, k], -0.5, 1.0)?, 64, 4)?;
         let matrix = QuantizedMatrix {
@@ -172,22 +215,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tiles_parse_and_reject() {
-        assert_eq!(Tile::parse(Some("4x2")), Some(Tile { cols: 4, unroll: 2 }));
-        assert_eq!(
-            Tile::parse(Some(" 1X8 ")),
-            Some(Tile { cols: 1, unroll: 8 })
-        );
-        for bad in [
-            None,
-            Some(""),
-            Some("4"),
-            Some("0x2"),
-            Some("4x9"),
-            Some("ax2"),
-        ] {
-            assert_eq!(Tile::parse(bad), None, "{bad:?}");
-        }
+    fn uses_parse_and_pick_products() {
+        assert_eq!(RowKernel::parse(None), RowKernel::Off);
+        assert_eq!(RowKernel::parse(Some("0")), RowKernel::Off);
+        assert_eq!(RowKernel::parse(Some("bogus")), RowKernel::Off);
+        assert_eq!(RowKernel::parse(Some(" ALL ")), RowKernel::All);
+        assert_eq!(RowKernel::parse(Some("1")), RowKernel::All);
+        assert_eq!(RowKernel::parse(Some("large")), RowKernel::Large);
+        assert!(!RowKernel::Off.takes(usize::MAX));
+        assert!(RowKernel::All.takes(0));
+        assert!(!RowKernel::Large.takes(LARGE_BYTES - 1));
+        assert!(RowKernel::Large.takes(LARGE_BYTES));
+    }
+
+    #[test]
+    fn wide_products_take_four_columns_per_warp() {
+        assert_eq!(tile(2560), Tile { cols: 1, unroll: 4 });
+        assert_eq!(tile(20480), Tile { cols: 4, unroll: 2 });
     }
 
     #[test]
