@@ -10,7 +10,10 @@ variants are what each form of call costs the host.
 Variants: MLX's quantized product (`qmv`), MLX's RMSNorm, memexec's one-row product kernel as
 memexec calls it (4 template constants, its header, 3 shape arguments), the same kernel with its
 constants written into the source (no template constants), and a trivial copy kernel (no header,
-no shapes, no template constants: the floor of a custom kernel call).
+no shapes, no template constants: the floor of a custom kernel call). Then the trivial kernel
+with one of the row kernel's traits added at a time, to tell which of them costs: its header
+(~3 KB more source text per call), its four inputs, its three shape arguments, its four
+template constants.
 
 usage: kernel_host_cost.py [--calls 254] [--reps 20] [--out FILE]
 """
@@ -75,7 +78,24 @@ def main():
         name="hc_trivial", input_names=["x"], output_names=["out"],
         source="const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
                "if (i < 512) { out[i] = x[i]; }\n", ensure_row_contiguous=True)
+    copy = ("const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+            "if (i < 512) { out[i] = x[i]; }\n")
+    with_header = mx.fast.cuda_kernel(name="hc_trivial_header", input_names=["x"],
+                                      output_names=["out"], source=copy, header=header,
+                                      ensure_row_contiguous=True)
+    four_inputs = mx.fast.cuda_kernel(name="hc_trivial_inputs", input_names=names,
+                                      output_names=["out"], source=copy,
+                                      ensure_row_contiguous=True)
+    shapes = mx.fast.cuda_kernel(
+        name="hc_trivial_shapes", input_names=names, output_names=["out"],
+        source="const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+               "if (i < x_shape[2] && w_shape[0] > 0 && scales_shape[0] > 0) { out[i] = x[i]; }\n",
+        ensure_row_contiguous=True)
+    templ = mx.fast.cuda_kernel(name="hc_trivial_template", input_names=["x"],
+                                output_names=["out"], source=copy, ensure_row_contiguous=True)
     grid = dict(grid=(n // 32 * 32, 8, 1), threadgroup=(32, 8, 1))
+    one = dict(output_shapes=[(1, 1, n)], output_dtypes=[mx.bfloat16], grid=(512, 1, 1),
+               threadgroup=(256, 1, 1))
     variants = {
         "mlx_qmv": lambda y: mx.quantized_matmul(y, w, s, b, transpose=True, group_size=64, bits=4),
         "mlx_rms_norm": lambda y: mx.fast.rms_norm(y, norm_w, 1e-6),
@@ -89,13 +109,19 @@ def main():
         "kernel_trivial": lambda y: trivial(
             inputs=[y], output_shapes=[(1, 1, n)], output_dtypes=[mx.bfloat16],
             grid=(512, 1, 1), threadgroup=(256, 1, 1))[0],
+        "trivial+header": lambda y: with_header(inputs=[y], **one)[0],
+        "trivial+4_inputs": lambda y: four_inputs(inputs=[y, w, s, b], **one)[0],
+        "trivial+4_in+3_shapes": lambda y: shapes(inputs=[y, w, s, b], **one)[0],
+        "trivial+4_templates": lambda y: templ(
+            inputs=[y], template=[("T", mx.bfloat16), ("GROUP", 64), ("COLS", 4), ("UNROLL", 2)],
+            **one)[0],
     }
     results = {"mlx": mx.__version__, "calls": a.calls, "reps": a.reps, "us_per_call": {}}
     for rnd in range(2):
         for name, f in variants.items():
             bu, eu = measure(f, x, a.calls, a.reps)
             results["us_per_call"].setdefault(name, []).append({"build": bu, "eval": eu})
-            print(f"round {rnd + 1} {name:17}: build {bu:5.2f} + eval {eu:5.2f} = {bu + eu:5.2f} us "
+            print(f"round {rnd + 1} {name:22}: build {bu:5.2f} + eval {eu:5.2f} = {bu + eu:5.2f} us "
                   "per call", flush=True)
     if a.out:
         with open(a.out, "w") as f:
