@@ -238,6 +238,36 @@ mod tests {
     }
 
     #[test]
+    fn only_one_row_of_fitting_weights_reaches_the_kernel() {
+        use crate::model::check_values::zeros;
+        use crate::model::config::QuantParams;
+        let bf = mlx_rs::Dtype::Bfloat16;
+        let matrix = |bits: i32| {
+            let w = mlx_rs::ops::zeros_dtype(&[16, 256], bf).unwrap();
+            let (weight, scales, biases) = mlx_rs::ops::quantize(&w, 64, bits).unwrap();
+            QuantizedMatrix {
+                weight,
+                scales,
+                biases,
+                params: QuantParams {
+                    group_size: 64,
+                    bits,
+                },
+            }
+        };
+        // Answered before any kernel is made, so on every build: MLX's product stays.
+        assert!(product(&zeros(&[2, 1, 256], bf), &matrix(4))
+            .unwrap()
+            .is_none());
+        assert!(product(&zeros(&[1, 1, 256], bf), &matrix(8))
+            .unwrap()
+            .is_none());
+        assert!(product(&zeros(&[1, 1, 128], bf), &matrix(4))
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
     fn a_build_without_mlx_cuda_keeps_mlx_product() {
         if !crate::model::check_values::linux_cpu_build() {
             return; // a GPU build: the kernel may well work here
