@@ -41,12 +41,13 @@ const WARPS: i32 = 8;
 /// Off by default. Why: on the H100s measured (session 39) the kernel takes about half of
 /// `qmv`'s device time on the e4b's products (fused gate/up 38.1 -> 18.5 us, output head 372 ->
 /// 188 us; a serial step's kernels 6.16 -> 4.91 ms with it on every product), but a serial
-/// decode step there is bound by the host, and a call of this kernel costs MLX's host ~5 us
-/// more than its own product, where a trivial custom kernel costs about what MLX's op does
-/// (`scripts/gpu/kernel_host_cost.py`; not yet split between the ~6.5 KB of kernel text MLX
-/// assembles per call, the inputs and their shape arguments). With the kernel on every product the step was
-/// slower in 4 of 5 interleaved pairs (`benchmarks/2026-12-07-h100-session39/`). It pays where
-/// the device, not the host, bounds the step.
+/// decode step there is bound by the host, and a call of this kernel costs ~5 us more than
+/// MLX's product in a Python chain of calls, where a trivial custom kernel costs about what
+/// MLX's op does (`scripts/gpu/kernel_host_cost.py`; not yet split between the ~6.5 KB of
+/// kernel text MLX assembles per call, the inputs and their shape arguments). With the kernel
+/// on every product the step was slower in 4 of 5 interleaved pairs
+/// (`benchmarks/2026-12-07-h100-session39/`). It pays where the device, not the host, bounds
+/// the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RowKernel {
     /// MLX's `qmv` for every one-row product.
@@ -98,8 +99,8 @@ struct Tile {
 
 /// The tile for `n` output columns. From the device times of session 39 (H100,
 /// `benchmarks/2026-12-07-h100-session39/`): four columns per warp and two steps in flight
-/// on the wide products (fused gate/up 18.5 us, the output head 188 us, against 19.1-19.9 and
-/// 230-236 with one column and four steps), one column and four steps below 8192 columns,
+/// on the wide products (fused gate/up 18.5 us, the output head 188 us, against 19.9 and 236
+/// with one column and four steps), one column and four steps below 8192 columns,
 /// where four columns per warp leave too few blocks for the card (2560 columns: 7.5 against
 /// 10.4 us; 3072 and 6144 columns were not timed at 1x4).
 fn tile(n: i32) -> Tile {
