@@ -48,7 +48,8 @@ const WARPS: i32 = 8;
 /// on every product the step was slower in 4 of 5 interleaved pairs
 /// (`benchmarks/2026-12-07-h100-session39/`). It pays where the device, not the host, bounds
 /// the step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RowKernel {
     /// MLX's `qmv` for every one-row product.
     #[default]

@@ -552,6 +552,7 @@ pub fn run(args: Args) -> Result<()> {
         "stacked_attention": probe.stacked_attention(),
         "shared_kv": probe.shared_kv(),
         "decode_attention": backend.model().info().decode_attention,
+        "row_kernel": backend.model().info().row_kernel,
         "values_kernel": memexec::model::values_product::used_with(
             backend.model().info().decode_attention,
         ),
