@@ -158,7 +158,7 @@ enum memexec_status memexec_batch(struct memexec *handle,
 // `config_json` (required, UTF-8): `{"model_dir": "...", "adapters": {"name": "dir"},
 // "stages": {"stage": {"adapter": "name", "system": "default system prompt"}},
 // "batch_width": 1, "device": "default"|"cpu"|"gpu", "weights": "auto"|"quantized"|"dense",
-// "decode_attention": "mlx"|"kernel", "limits": {"max_batch": 4096,
+// "decode_attention": "mlx"|"kernel", "row_kernel": "off"|"large"|"all", "limits": {"max_batch": 4096,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null,
 // "max_kv_bytes": null}, "speculate": {"max_drafts": 4, "ngram": 3}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to
@@ -295,7 +295,7 @@ enum memexec_status memexec_batch(struct memexec *handle,
 // `config_json` (required, UTF-8): `{"model_dir": "...", "adapters": {"name": "dir"},
 // "stages": {"stage": {"adapter": "name", "system": "default system prompt"}},
 // "batch_width": 1, "device": "default"|"cpu"|"gpu", "weights": "auto"|"quantized"|"dense",
-// "decode_attention": "mlx"|"kernel", "limits": {"max_batch": 4096,
+// "decode_attention": "mlx"|"kernel", "row_kernel": "off"|"large"|"all", "limits": {"max_batch": 4096,
 // "max_tokens_cap": 64000, "default_max_tokens": 256, "max_prompt_tokens": null,
 // "max_kv_bytes": null}, "speculate": {"max_drafts": 4, "ngram": 3}}`.
 // Only `model_dir` is required; unknown keys are an error. `batch_width` defaults to

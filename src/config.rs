@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::model::quantized_row::RowKernel;
 use crate::model::{DecodeAttention, WeightChoice};
 use crate::{Error, Result};
 
@@ -50,6 +51,12 @@ pub struct Config {
     /// `$MEMEXEC_DECODE_ATTENTION`, else "mlx".
     #[serde(default)]
     pub decode_attention: Option<DecodeAttention>,
+    /// Which one-row quantized products run through memexec's CUDA kernel with MLX's bits
+    /// (see [`crate::model::quantized_row::RowKernel`]): "off", "large" or "all"; absent =
+    /// `$MEMEXEC_ROW_KERNEL`, else "off". Where the kernel cannot run or does not match MLX
+    /// (CPU, Metal, another MLX) the model keeps MLX's product and logs why.
+    #[serde(default)]
+    pub row_kernel: Option<RowKernel>,
     /// Limits on what a caller may ask for.
     #[serde(default)]
     pub limits: Limits,
@@ -192,6 +199,7 @@ impl Config {
             device: DeviceChoice::Default,
             weights: WeightChoice::Auto,
             decode_attention: None,
+            row_kernel: None,
             limits: Limits::default(),
             speculate: None,
         }
@@ -288,6 +296,21 @@ mod tests {
         assert_eq!(c.weights, WeightChoice::Dense);
         assert_eq!(c.limits.max_kv_bytes, Some(1 << 20));
         assert!(Config::from_json(r#"{"model_dir": "/m", "weights": "int3"}"#).is_err());
+    }
+
+    #[test]
+    fn row_kernel_parses() {
+        let c = |doc: &str| Config::from_json(doc).map(|c| c.row_kernel);
+        assert_eq!(c(r#"{"model_dir": "/m"}"#).unwrap(), None);
+        for (v, want) in [
+            ("off", RowKernel::Off),
+            ("large", RowKernel::Large),
+            ("all", RowKernel::All),
+        ] {
+            let doc = format!(r#"{{"model_dir": "/m", "row_kernel": "{v}"}}"#);
+            assert_eq!(c(&doc).unwrap(), Some(want));
+        }
+        assert!(c(r#"{"model_dir": "/m", "row_kernel": "on"}"#).is_err());
     }
 
     #[test]

@@ -202,6 +202,34 @@ fn a_stage_runs_with_exactly_its_adapter() {
     );
 }
 
+/// `row_kernel: "all"` where MLX has no CUDA (this CPU build): the model keeps MLX's product
+/// (the kernel's self-check fails at load) and answers as the default does.
+#[test]
+fn row_kernel_falls_back_where_mlx_has_no_cuda() {
+    let dir = fixture();
+    let mut config = Config::for_model(&dir);
+    config.row_kernel = Some(memexec::model::quantized_row::RowKernel::All);
+    let backend = ModelBackend::load(&config).unwrap();
+    assert_eq!(
+        backend.model().info().row_kernel,
+        memexec::model::quantized_row::RowKernel::Off
+    );
+    let stop_ids = backend.stop_ids().to_vec();
+    drop(backend);
+    let want = serial_texts(&dir, &stop_ids);
+    let engine = Engine::new(config).unwrap();
+    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
+        let opts = CallOptions {
+            max_tokens: Some(max_tokens),
+        };
+        assert_eq!(
+            &engine.call(stage, input, opts).unwrap().text,
+            want,
+            "{stage}"
+        );
+    }
+}
+
 /// `decode_attention: "kernel"` where MLX has no CUDA (this CPU build): the model loads with
 /// MLX's op instead (the kernel's load-time self-check fails) and answers as the default does.
 #[test]

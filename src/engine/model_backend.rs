@@ -91,6 +91,9 @@ impl ModelBackend {
         if let Some(d) = config.decode_attention {
             opts.decode_attention = d;
         }
+        if let Some(r) = config.row_kernel {
+            opts.row_kernel = r;
+        }
         let model = Model::load_opts(&config.model_dir, opts)?;
         let adapters = mount_adapters(config, &model)?;
         let mut stage_adapters = BTreeMap::new();

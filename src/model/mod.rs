@@ -133,17 +133,22 @@ pub struct LoadOptions {
     /// How decode steps attend (see [`decode_attention`]); a kernel that fails its
     /// self-check at load falls back to MLX's op.
     pub decode_attention: DecodeAttention,
+    /// Which one-row products run through memexec's kernel where it runs and matches MLX
+    /// ([`quantized_row::RowKernel`]; off by default).
+    pub row_kernel: quantized_row::RowKernel,
 }
 
 impl LoadOptions {
     /// `weights`, fusing projections unless `MEMEXEC_FUSE_PROJECTIONS=0`
     /// ([`linear_group::fuse_projections_default`]), decode attention as
-    /// [`DecodeAttention::from_env`] says.
+    /// [`DecodeAttention::from_env`] says, one-row products as
+    /// [`quantized_row::RowKernel::from_env`] says.
     pub fn new(weights: WeightChoice) -> LoadOptions {
         LoadOptions {
             weights,
             fuse_projections: linear_group::fuse_projections_default(),
             decode_attention: DecodeAttention::from_env(),
+            row_kernel: quantized_row::RowKernel::from_env(),
         }
     }
 }
@@ -175,7 +180,7 @@ pub struct ModelInfo {
     /// How decode steps attend (serial and batched alike).
     pub decode_attention: DecodeAttention,
     /// Which one-row quantized products run through memexec's kernel: as
-    /// `MEMEXEC_ROW_KERNEL` asks ([`quantized_row::RowKernel`], off by default) on a GPU where
+    /// [`LoadOptions::row_kernel`] asks (off by default) on a GPU where
     /// [`quantized_row::available`] says it runs and matches MLX, else none (see
     /// [`ForwardCtx::row_kernel`]).
     pub row_kernel: quantized_row::RowKernel,
@@ -212,6 +217,7 @@ impl Model {
             weights,
             fuse_projections: fuse,
             decode_attention,
+            row_kernel,
         } = opts;
         let cfg = ModelConfig::load(dir)?;
         let mut w = weights::Weights::load(dir)?;
@@ -276,7 +282,7 @@ impl Model {
             }
             DecodeAttention::Mlx => {}
         }
-        let row_kernel = match quantized_row::RowKernel::from_env() {
+        let row_kernel = match row_kernel {
             quantized_row::RowKernel::Off => quantized_row::RowKernel::Off,
             _ if facts.cpu || !quantized_row::available() => quantized_row::RowKernel::Off,
             asked => {

@@ -48,7 +48,7 @@ const WARPS: i32 = 8;
 /// on every product the step was slower in 4 of 5 interleaved pairs
 /// (`benchmarks/2026-12-07-h100-session39/`). It pays where the device, not the host, bounds
 /// the step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RowKernel {
     /// MLX's `qmv` for every one-row product.
@@ -67,7 +67,8 @@ pub enum RowKernel {
 pub const LARGE_BYTES: usize = 8 << 20;
 
 impl RowKernel {
-    /// The use `MEMEXEC_ROW_KERNEL` asks for.
+    /// The use `MEMEXEC_ROW_KERNEL` asks for (a configuration's `"row_kernel"` takes
+    /// precedence: [`crate::config::Config::row_kernel`]).
     pub fn from_env() -> RowKernel {
         RowKernel::parse(std::env::var("MEMEXEC_ROW_KERNEL").ok().as_deref())
     }
