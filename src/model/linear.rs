@@ -37,16 +37,16 @@ impl QuantizedMatrix {
     pub(super) fn matmul(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
         let rows = x.dim(0).max(1) as usize;
         let one_position = x.ndim() == 3 && x.dim(1) == 1;
-        // The kernel also below MLX's own row limit, where MLX's `qmv` would give the same
-        // bits: `qmv` runs one row per block and so reads the weights once per row, the kernel
-        // once per eight rows. H200, session 21: a verification step of 5 rows waited 13.2 ->
-        // 5.6 ms for the device (right drafts 198 -> 230 tok/s), EXTRACT at width 4 3605 /
-        // 3710 -> 2925 / 3343 ms; width 2 unchanged (4701 / 5070 vs 5285 / 4934 ms).
         if one_position && rows == 1 && ctx.row_kernel.takes(self.nbytes()) {
             if let Some(y) = super::quantized_row::product(x, self)? {
                 return Ok(y);
             }
         }
+        // The rows kernel also below MLX's own row limit, where MLX's `qmv` would give the same
+        // bits: `qmv` runs one row per block and so reads the weights once per row, the kernel
+        // once per eight rows. H200, session 21: a verification step of 5 rows waited 13.2 ->
+        // 5.6 ms for the device (right drafts 198 -> 230 tok/s), EXTRACT at width 4 3605 /
+        // 3710 -> 2925 / 3343 ms; width 2 unchanged (4701 / 5070 vs 5285 / 4934 ms).
         if one_position && rows > 1 && ctx.product_kernel {
             if let Some(y) = super::quantized_rows::product(x, self)? {
                 return Ok(y);

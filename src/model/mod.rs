@@ -284,7 +284,11 @@ impl Model {
         }
         let row_kernel = match row_kernel {
             quantized_row::RowKernel::Off => quantized_row::RowKernel::Off,
-            _ if facts.cpu || !quantized_row::available() => quantized_row::RowKernel::Off,
+            _ if facts.cpu => {
+                tracing::info!("one-row products: the kernel is CUDA's, MLX runs on the CPU");
+                quantized_row::RowKernel::Off
+            }
+            _ if !quantized_row::available() => quantized_row::RowKernel::Off,
             asked => {
                 tracing::info!(products = ?asked, "one-row products: memexec's kernel");
                 asked
