@@ -37,7 +37,7 @@ impl QuantizedMatrix {
     pub(super) fn matmul(&self, x: &Array, ctx: &ForwardCtx) -> Result<Array> {
         let rows = x.dim(0).max(1) as usize;
         let one_position = x.ndim() == 3 && x.dim(1) == 1;
-        if one_position && rows == 1 && ctx.row_kernel.takes(self.nbytes()) {
+        if one_position && rows == 1 && ctx.row_kernel.takes(|| self.nbytes()) {
             if let Some(y) = super::quantized_row::product(x, self)? {
                 return Ok(y);
             }
@@ -65,6 +65,18 @@ impl QuantizedMatrix {
             }
             _ => self.product(x),
         }
+    }
+
+    /// `w` (`[out, in]`) quantized by MLX (affine, `group_size` inputs per scale and bias,
+    /// `bits` bits): how the product kernels' self-checks and tests make their matrices.
+    pub(super) fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<QuantizedMatrix> {
+        let (weight, scales, biases) = mlx_rs::ops::quantize(w, group_size, bits)?;
+        Ok(QuantizedMatrix {
+            weight,
+            scales,
+            biases,
+            params: QuantParams { group_size, bits },
+        })
     }
 
     /// MLX's quantized product of `x` (whatever kernel MLX picks for its row count).

@@ -22,16 +22,11 @@ use std::rc::Rc;
 use mlx_rs::Array;
 
 use super::linear::QuantizedMatrix;
-use super::quantized_rows::fits;
-use super::row_kernel::without_comment_lines;
+use super::quantized_rows::{fits, product_kernel};
 use crate::error::{Error, Result};
 use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/quantized_row.cu");
-
-/// The rows kernel's header: `cg::reduce` and the paired accumulator / dequantization helpers
-/// both kernels must share for their bits to agree.
-const HEADER: &str = include_str!("kernels/quantized_rows_header.cuh");
 
 /// Warps per block.
 const WARPS: i32 = 8;
@@ -82,11 +77,13 @@ impl RowKernel {
         }
     }
 
-    /// Whether a product whose packed weights hold `bytes` runs through the kernel.
-    pub fn takes(self, bytes: usize) -> bool {
+    /// Whether a product whose packed weights hold `bytes()` runs through the kernel; `bytes`
+    /// is asked only by [`RowKernel::Large`] (every product of every decode step asks
+    /// `takes`, and the size is three calls into MLX).
+    pub fn takes(self, bytes: impl FnOnce() -> usize) -> bool {
         match self {
             RowKernel::Off => false,
-            RowKernel::Large => bytes >= LARGE_BYTES,
+            RowKernel::Large => bytes() >= LARGE_BYTES,
             RowKernel::All => true,
         }
     }
@@ -121,16 +118,7 @@ thread_local! {
 }
 
 fn kernel() -> Result<Rc<CudaKernel>> {
-    kernel_in(&KERNEL, || {
-        CudaKernel::new(
-            "memexec_quantized_row",
-            &["x", "w", "scales", "biases"],
-            &["out"],
-            &without_comment_lines(SOURCE),
-            &(without_comment_lines(HEADER) + "\n"),
-            true,
-        )
-    })
+    kernel_in(&KERNEL, || product_kernel("memexec_quantized_row", SOURCE))
 }
 
 /// `x W^T` for a one-row `x` (`[1, ..., 1, k]`) in one kernel node with the bits of MLX's
@@ -184,7 +172,6 @@ pub fn available() -> bool {
 /// where it cannot compile or run (not an MLX CUDA build) or where any element's bits differ
 /// (an MLX whose one-row kernel changed).
 pub fn self_check() -> Result<()> {
-    use mlx_rs::ops::quantize;
     // 704 inputs: a full pass of the 512 a warp takes at once plus a partial step; 24 and 100
     // outputs: a block's last warp partly or wholly past the columns. bf16 and groups of 64
     // are the e4b's, so the kernel compiled here is the one decoding uses.
@@ -194,16 +181,7 @@ pub fn self_check() -> Result<()> {
         .flat_map(|s| [(s, tile(1)), (s, tile(8192))])
     {
         let x = lcg.bf16(&[1, 1, k], -0.5, 1.0)?;
-        let (weight, scales, biases) = quantize(&lcg.bf16(&[n, k], -0.5, 1.0)?, 64, 4)?;
-        let matrix = QuantizedMatrix {
-            weight,
-            scales,
-            biases,
-            params: super::config::QuantParams {
-                group_size: 64,
-                bits: 4,
-            },
-        };
+        let matrix = QuantizedMatrix::quantize(&lcg.bf16(&[n, k], -0.5, 1.0)?, 64, 4)?;
         let ours = product_with(&x, &matrix, tile)?;
         if !ours.eq_values(&matrix.product(&x)?)? {
             return Err(Error::Internal(format!(
@@ -228,10 +206,10 @@ mod tests {
         assert_eq!(RowKernel::parse(Some(" ALL ")), RowKernel::All);
         assert_eq!(RowKernel::parse(Some("1")), RowKernel::All);
         assert_eq!(RowKernel::parse(Some("large")), RowKernel::Large);
-        assert!(!RowKernel::Off.takes(usize::MAX));
-        assert!(RowKernel::All.takes(0));
-        assert!(!RowKernel::Large.takes(LARGE_BYTES - 1));
-        assert!(RowKernel::Large.takes(LARGE_BYTES));
+        assert!(!RowKernel::Off.takes(|| usize::MAX));
+        assert!(RowKernel::All.takes(|| 0));
+        assert!(!RowKernel::Large.takes(|| LARGE_BYTES - 1));
+        assert!(RowKernel::Large.takes(|| LARGE_BYTES));
     }
 
     #[test]
@@ -243,21 +221,8 @@ mod tests {
     #[test]
     fn only_one_row_of_fitting_weights_reaches_the_kernel() {
         use crate::model::check_values::zeros;
-        use crate::model::config::QuantParams;
         let bf = mlx_rs::Dtype::Bfloat16;
-        let matrix = |bits: i32| {
-            let w = mlx_rs::ops::zeros_dtype(&[16, 256], bf).unwrap();
-            let (weight, scales, biases) = mlx_rs::ops::quantize(&w, 64, bits).unwrap();
-            QuantizedMatrix {
-                weight,
-                scales,
-                biases,
-                params: QuantParams {
-                    group_size: 64,
-                    bits,
-                },
-            }
-        };
+        let matrix = |bits| QuantizedMatrix::quantize(&zeros(&[16, 256], bf), 64, bits).unwrap();
         // Answered before any kernel is made, so on every build: MLX's product stays.
         assert!(product(&zeros(&[2, 1, 256], bf), &matrix(4))
             .unwrap()

@@ -45,16 +45,21 @@ thread_local! {
 }
 
 fn kernel() -> Result<Rc<CudaKernel>> {
-    kernel_in(&KERNEL, || {
-        CudaKernel::new(
-            "memexec_quantized_rows",
-            &["x", "w", "scales", "biases"],
-            &["out"],
-            &without_comment_lines(SOURCE),
-            &(without_comment_lines(HEADER) + "\n"),
-            true,
-        )
-    })
+    kernel_in(&KERNEL, || product_kernel("memexec_quantized_rows", SOURCE))
+}
+
+/// A 4-bit product kernel named `name` with body `source`: this one and the one-row kernel
+/// ([`super::quantized_row`]) take the same inputs and share [`HEADER`], whose helpers keep
+/// their bits equal.
+pub(super) fn product_kernel(name: &str, source: &str) -> Result<CudaKernel> {
+    CudaKernel::new(
+        name,
+        &["x", "w", "scales", "biases"],
+        &["out"],
+        &without_comment_lines(source),
+        &(without_comment_lines(HEADER) + "\n"),
+        true,
+    )
 }
 
 /// Whether `x` (`[..., k]`) times `matrix` is a product the kernel computes as MLX's one-row
@@ -130,8 +135,8 @@ pub fn available() -> bool {
 /// it cannot compile or run (not an MLX CUDA build) or where any element's bits differ (an
 /// MLX whose one-row kernel changed).
 pub fn self_check() -> Result<()> {
+    use mlx_rs::ops::concatenate;
     use mlx_rs::ops::indexing::TryIndexOp;
-    use mlx_rs::ops::{concatenate, quantize};
     // Deterministic values in [-0.5, 0.5) from a 32-bit LCG (no MLX random state touched).
     // 9 rows: two block rows, one of a single row; 704 inputs: a full pass of the 512 a warp
     // takes at once plus a remainder; 24 outputs: three blocks. bf16 and groups of 64 are the
@@ -140,16 +145,7 @@ pub fn self_check() -> Result<()> {
     let mut draw = |shape: &[i32]| lcg.bf16(shape, -0.5, 1.0);
     let (rows, n, k) = (9, 24, 704);
     let x = draw(&[rows, 1, k])?;
-    let (weight, scales, biases) = quantize(&draw(&[n, k])?, 64, 4)?;
-    let matrix = QuantizedMatrix {
-        weight,
-        scales,
-        biases,
-        params: super::config::QuantParams {
-            group_size: 64,
-            bits: 4,
-        },
-    };
+    let matrix = QuantizedMatrix::quantize(&draw(&[n, k])?, 64, 4)?;
     let ours = product(&x, &matrix)?
         .ok_or_else(|| Error::Internal("quantized rows: self-check shape rejected".into()))?;
     let alone = (0..rows)
@@ -169,20 +165,10 @@ pub fn self_check() -> Result<()> {
 mod tests {
     use super::*;
     use crate::model::check_values::zeros;
-    use crate::model::config::QuantParams;
 
     fn matrix(n: i32, k: i32, group: i32, bits: i32, dtype: Dtype) -> QuantizedMatrix {
         let w = mlx_rs::ops::zeros_dtype(&[n, k], dtype).unwrap();
-        let (weight, scales, biases) = mlx_rs::ops::quantize(&w, group, bits).unwrap();
-        QuantizedMatrix {
-            weight,
-            scales,
-            biases,
-            params: QuantParams {
-                group_size: group,
-                bits,
-            },
-        }
+        QuantizedMatrix::quantize(&w, group, bits).unwrap()
     }
 
     #[test]
