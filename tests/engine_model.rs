@@ -202,6 +202,23 @@ fn a_stage_runs_with_exactly_its_adapter() {
     );
 }
 
+/// An engine made from `config` answers every input as the default load's serial greedy
+/// decoding of `dir` does.
+fn assert_answers_as_serial(dir: &std::path::Path, config: Config, stop_ids: &[u32]) {
+    let want = serial_texts(dir, stop_ids);
+    let engine = Engine::new(config).unwrap();
+    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
+        let opts = CallOptions {
+            max_tokens: Some(max_tokens),
+        };
+        assert_eq!(
+            &engine.call(stage, input, opts).unwrap().text,
+            want,
+            "{stage}"
+        );
+    }
+}
+
 /// `row_kernel: "all"` where MLX has no CUDA (this CPU build): the model keeps MLX's product
 /// (the kernel's self-check fails at load) and answers as the default does.
 #[test]
@@ -216,18 +233,7 @@ fn row_kernel_falls_back_where_mlx_has_no_cuda() {
     );
     let stop_ids = backend.stop_ids().to_vec();
     drop(backend);
-    let want = serial_texts(&dir, &stop_ids);
-    let engine = Engine::new(config).unwrap();
-    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
-        let opts = CallOptions {
-            max_tokens: Some(max_tokens),
-        };
-        assert_eq!(
-            &engine.call(stage, input, opts).unwrap().text,
-            want,
-            "{stage}"
-        );
-    }
+    assert_answers_as_serial(&dir, config, &stop_ids);
 }
 
 /// `decode_attention: "kernel"` where MLX has no CUDA (this CPU build): the model loads with
@@ -244,18 +250,7 @@ fn kernel_decode_attention_falls_back_where_mlx_has_no_cuda() {
     );
     let stop_ids = backend.stop_ids().to_vec();
     drop(backend);
-    let want = serial_texts(&dir, &stop_ids);
-    let engine = Engine::new(config).unwrap();
-    for ((stage, input, max_tokens), want) in inputs().into_iter().zip(&want) {
-        let opts = CallOptions {
-            max_tokens: Some(max_tokens),
-        };
-        assert_eq!(
-            &engine.call(stage, input, opts).unwrap().text,
-            want,
-            "{stage}"
-        );
-    }
+    assert_answers_as_serial(&dir, config, &stop_ids);
 }
 
 #[test]
