@@ -16,23 +16,16 @@ For every tile VARIANT (columns per warp x steps of loads in flight) given:
 Usage: quantized_row.py [--out FILE] [--reps N] [--variants 4x2,2x4,...] [--timing-only]
 """
 import argparse
-import json
 import os
 
 import mlx.core as mx
 import numpy as np
 
 from device_timing import timed
+from quantized_rows import SHAPES, bits_of, finish, mlx_product
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WARPS = 8
-
-# (n, k) of the e4b's products, as quantized_rows.py: q / k / v / fused qkv of sliding and
-# full layers, o, fused gate+up, down, the per-layer-input gate / projection, the per-layer
-# model projection, and the tied output head.
-SHAPES = [(2048, 2560), (512, 2560), (3072, 2560), (6144, 2560), (2560, 2048), (2560, 4096),
-          (20480, 2560), (2560, 10240), (256, 2560), (2560, 256), (10752, 2560), (262144, 2560)]
-
 
 def make_kernel():
     strip = lambda p: "\n".join(l for l in open(p).read().splitlines()
@@ -58,10 +51,6 @@ def kernel_row(x, w, scales, biases, group, variant):
         output_shapes=[tuple(x.shape[:-1]) + (n,)], output_dtypes=[x.dtype])[0]
 
 
-def mlx_product(x, w, scales, biases, group):
-    return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group, bits=4)
-
-
 def operands(n, k, seed, group=64, dtype=mx.bfloat16):
     kw, kx = mx.random.split(mx.random.key(seed))
     wf = (mx.random.normal((n, k), key=kw) * 0.02).astype(dtype)
@@ -78,10 +67,9 @@ def case(variant, n, k, seed, group=64, dtype=mx.bfloat16, unaligned=False):
         xk = mx.concatenate([mx.zeros((3,), dtype), x.reshape(-1)])[3:].reshape(1, 1, k)
         mx.eval(xk)
     ours = kernel_row(xk, w, scales, biases, group, variant)
-    theirs = mlx_product(x, w, scales, biases, group)
+    theirs = mlx_product(x, w, scales, biases, group, 4)
     mx.eval(ours, theirs)
-    u = lambda a: np.array(a.view(mx.uint16) if a.dtype != mx.float32 else a.view(mx.uint32))
-    eq = u(ours) == u(theirs)
+    eq = bits_of(ours) == bits_of(theirs)
     return {
         "variant": f"{variant[0]}x{variant[1]}", "n": n, "k": k, "group": group,
         "dtype": str(dtype), "unaligned": unaligned,
@@ -122,7 +110,7 @@ def main():
         x, w, s, b = operands(n, k, n + k)
         calls = 42 if n * k < 1e8 else 4
         row = {"n": n, "k": k,
-               "mlx_us": timed(lambda: [mlx_product(x, w, s, b, 64) for _ in range(calls)],
+               "mlx_us": timed(lambda: [mlx_product(x, w, s, b, 64, 4) for _ in range(calls)],
                                a.reps) / calls}
         for v in variants:
             row[f"{v[0]}x{v[1]}_us"] = timed(
@@ -130,13 +118,7 @@ def main():
         results["timing"].append(row)
         print(f"wall {n:6}x{k:5}: " + ", ".join(f"{key[:-3]} {val:.1f}" for key, val in row.items()
                                                   if key.endswith("_us")) + " us/call", flush=True)
-    bad = [c for c in results["cases"] if c["equal_to_mlx"] != 1.0]
-    results["ok"] = not bad
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(results, f, indent=1)
-    print("ok" if not bad else f"FAILED: {len(bad)} cases not bit-equal", flush=True)
-    return 0 if not bad else 1
+    return finish(results, "equal_to_mlx", a.out)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,23 @@ def mlx_product(x, w, scales, biases, group, bits):
     return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group, bits=bits)
 
 
+def bits_of(a):
+    """The elements' bits as unsigned integers (16 bits for bf16 / f16, 32 for f32)."""
+    return np.array(a.view(mx.uint16) if a.dtype != mx.float32 else a.view(mx.uint32))
+
+
+def finish(results, key, out):
+    """Sets results["ok"] (every case's `key` share is 1.0), writes OUT if given, prints the
+    verdict; the exit status."""
+    bad = [c for c in results["cases"] if c[key] != 1.0]
+    results["ok"] = not bad
+    if out:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+    print("ok" if not bad else f"FAILED: {len(bad)} cases not bit-equal", flush=True)
+    return 0 if not bad else 1
+
+
 def case(n, k, rows, seed, group=64, bits=4, dtype=mx.bfloat16, unaligned=False):
     kw, kx = mx.random.split(mx.random.key(seed))
     wf = (mx.random.normal((n, k), key=kw) * 0.02).astype(dtype)
@@ -81,14 +98,13 @@ def case(n, k, rows, seed, group=64, bits=4, dtype=mx.bfloat16, unaligned=False)
                             for r in range(rows)], axis=0)
     together = mlx_product(xa, w, scales, biases, group, bits)
     mx.eval(ours, alone, together)
-    u = lambda a: np.array(a.view(mx.uint16) if a.dtype != mx.float32 else a.view(mx.uint32))
-    eq = (u(ours) == u(alone))
+    eq = bits_of(ours) == bits_of(alone)
     return {
         "unaligned": unaligned,
         "n": n, "k": k, "rows": rows, "bits": bits, "group": group, "dtype": str(dtype),
         "equal_to_mlx_one_row": float(eq.mean()),
         "unequal_elements": int((~eq).sum()),
-        "mlx_all_rows_equal_to_one_row": float((u(together) == u(alone)).mean()),
+        "mlx_all_rows_equal_to_one_row": float((bits_of(together) == bits_of(alone)).mean()),
         "max_abs_diff": float(np.abs(np.array(ours.astype(mx.float32))
                                      - np.array(alone.astype(mx.float32))).max()),
     }
@@ -155,13 +171,7 @@ def main():
         results["e4b_shapes_us"].append(row)
         print(f"time {n}x{k}: kernel 8 rows {row['kernel_8_rows']:.1f} us, kernel 1 row "
               f"{row['kernel_1_row']:.1f}, MLX 1 row {row['mlx_1_row']:.1f}", flush=True)
-    bad = [c for c in results["cases"] if c["equal_to_mlx_one_row"] != 1.0]
-    results["ok"] = not bad
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(results, f, indent=1)
-    print("ok" if not bad else f"FAILED: {len(bad)} cases not bit-equal", flush=True)
-    return 0 if not bad else 1
+    return finish(results, "equal_to_mlx_one_row", a.out)
 
 
 if __name__ == "__main__":
