@@ -27,7 +27,9 @@ import mlx.core as mx
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def strip(path):
+def kernel_text(path):
+    """A kernel file (path from the repository root) without its comment lines, as memexec
+    passes it to MLX (`row_kernel::without_comment_lines`)."""
     return "\n".join(l for l in open(os.path.join(ROOT, path)).read().splitlines()
                      if not l.lstrip().startswith("//"))
 
@@ -65,8 +67,8 @@ def main():
     x = mx.random.normal((1, 1, k)).astype(mx.bfloat16)
     norm_w = mx.ones((k,), mx.bfloat16)
     mx.eval(w, s, b, x, norm_w)
-    header = strip("src/model/kernels/quantized_rows_header.cuh") + "\n"
-    body = strip("src/model/kernels/quantized_row.cu")
+    header = kernel_text("src/model/kernels/quantized_rows_header.cuh") + "\n"
+    body = kernel_text("src/model/kernels/quantized_row.cu")
     names = ["x", "w", "scales", "biases"]
     templated = mx.fast.cuda_kernel(name="hc_templated", input_names=names, output_names=["out"],
                                     source=body, header=header, ensure_row_contiguous=True)

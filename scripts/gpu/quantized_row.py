@@ -16,24 +16,22 @@ For every tile VARIANT (columns per warp x steps of loads in flight) given:
 Usage: quantized_row.py [--out FILE] [--reps N] [--variants 4x2,2x4,...] [--timing-only]
 """
 import argparse
-import os
 
 import mlx.core as mx
 import numpy as np
 
 from device_timing import timed
+from kernel_host_cost import kernel_text
 from quantized_rows import SHAPES, bits_of, finish, mlx_product
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WARPS = 8
 
+
 def make_kernel():
-    strip = lambda p: "\n".join(l for l in open(p).read().splitlines()
-                                if not l.lstrip().startswith("//"))
     return mx.fast.cuda_kernel(
         name="memexec_quantized_row", input_names=["x", "w", "scales", "biases"],
-        output_names=["out"], source=strip(os.path.join(ROOT, "src/model/kernels/quantized_row.cu")),
-        header=strip(os.path.join(ROOT, "src/model/kernels/quantized_rows_header.cuh")) + "\n",
+        output_names=["out"], source=kernel_text("src/model/kernels/quantized_row.cu"),
+        header=kernel_text("src/model/kernels/quantized_rows_header.cuh") + "\n",
         ensure_row_contiguous=True)
 
 
