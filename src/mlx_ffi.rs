@@ -18,7 +18,7 @@
 //! one MLX-C function on handles owned by live `mlx_rs::Array`s and says why that is sound.
 #![allow(unsafe_code)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::rc::Rc;
@@ -363,6 +363,128 @@ impl Drop for CudaKernel {
         // SAFETY: `raw` was made by `mlx_fast_cuda_kernel_new` (non-null, checked) and is
         // freed only here, once.
         unsafe { mlx_sys::mlx_fast_cuda_kernel_free(self.raw) }
+    }
+}
+
+/// A kernel MLX loads from a compiled module (MLX's `fast::precompiled_cuda_kernel`):
+/// `symbol` is an `extern "C"` kernel of `image` (a cubin or PTX image), called with its
+/// inputs, then its outputs, then `int` scalars.
+///
+/// Why beside [`CudaKernel`]: a `cuda_kernel` call makes MLX assemble the kernel's whole
+/// source text (header, signature, template constants, body) into the graph node and pass
+/// each input's shape as an argument, which cost the host ~5 us per call more than MLX's
+/// own ops (session 39). A precompiled call carries only the symbol, the arrays and the
+/// scalars. MLX loads the module on the first evaluation under `symbol` and keeps it for the
+/// process, so once [`PrecompiledKernel::set_loaded`] says an evaluated call has run, later
+/// calls pass an empty image instead of copying the whole module (~150 KB) into every node.
+pub struct PrecompiledKernel {
+    symbol: CString,
+    image: Rc<[u8]>,
+    loaded: Cell<bool>,
+}
+
+impl PrecompiledKernel {
+    /// The kernel `symbol` of `image`.
+    pub fn new(symbol: &str, image: Rc<[u8]>) -> Result<PrecompiledKernel> {
+        let symbol = CString::new(symbol).map_err(|_| {
+            Error::InvalidArgument(format!("precompiled kernel: NUL in {symbol:?}"))
+        })?;
+        Ok(PrecompiledKernel {
+            symbol,
+            image,
+            loaded: Cell::new(false),
+        })
+    }
+
+    /// Says that an output of [`PrecompiledKernel::apply`] has been evaluated, so MLX holds
+    /// the module: later calls leave the image out.
+    pub fn set_loaded(&self) {
+        self.loaded.set(true);
+    }
+
+    /// The kernel over `inputs`, making one output per `(shape, dtype)`, with `scalars` as
+    /// its trailing `int` arguments; `grid` counts THREADS per axis (MLX divides by
+    /// `threadgroup`). Inputs that are not row contiguous are copied first.
+    pub fn apply(
+        &self,
+        inputs: &[&Array],
+        outputs: &[(&[i32], Dtype)],
+        scalars: &[i32],
+        grid: [i32; 3],
+        threadgroup: [i32; 3],
+    ) -> Result<Vec<Array>> {
+        ensure_error_handler();
+        let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
+        let shapes: Vec<*const i32> = outputs.iter().map(|(s, _)| s.as_ptr()).collect();
+        let ndims: Vec<usize> = outputs.iter().map(|(s, _)| s.len()).collect();
+        let dtypes: Vec<mlx_sys::mlx_dtype> = outputs
+            .iter()
+            .map(|(_, d)| *d as mlx_sys::mlx_dtype)
+            .collect();
+        let image: &[u8] = if self.loaded.get() { &[] } else { &self.image };
+        let stream = StreamOrDevice::default();
+        // SAFETY: every pointer is paired with its length and borrows data alive for the
+        // call: the symbol (NUL-terminated), the image, the input handles of live arrays (MLX
+        // takes its own references), the output shapes (each `ndims[i]` long), dtypes and
+        // scalars; MLX-C copies what it keeps. `outs` are new handles that the call fills;
+        // each is owned by exactly one returned `Array` (freed by its `Drop`) or freed here
+        // on failure. `Dtype` is `repr(u32)` with MLX-C's `mlx_dtype` values.
+        unsafe {
+            let mut outs: Vec<mlx_sys::mlx_array> = (0..outputs.len())
+                .map(|_| mlx_sys::mlx_array_new())
+                .collect();
+            let status = mlx_sys::mlx_fast_precompiled_cuda_kernel(
+                outs.as_mut_ptr(),
+                outs.len(),
+                self.symbol.as_ptr(),
+                image.as_ptr().cast(),
+                image.len(),
+                handles.as_ptr(),
+                handles.len(),
+                shapes.as_ptr(),
+                ndims.as_ptr(),
+                dtypes.as_ptr(),
+                scalars.as_ptr(),
+                scalars.len(),
+                grid[0],
+                grid[1],
+                grid[2],
+                threadgroup[0],
+                threadgroup[1],
+                threadgroup[2],
+                true,
+                stream.as_ref().as_ptr(),
+            );
+            if status != 0 {
+                for a in outs {
+                    mlx_sys::mlx_array_free(a);
+                }
+                return Err(Exception::custom(format!(
+                    "precompiled kernel `{}` could not be applied",
+                    self.symbol.to_string_lossy()
+                ))
+                .into());
+            }
+            Ok(outs.into_iter().map(|a| Array::from_ptr(a)).collect())
+        }
+    }
+}
+
+/// MLX's version string (e.g. `0.32.2`): MLX keeps its JIT-compiled kernels under it.
+pub fn mlx_version() -> Result<String> {
+    // SAFETY: `s` is a new string handle that `mlx_version` fills; its data is read (copied
+    // into a Rust `String`) while the handle lives, and the handle is freed exactly once.
+    unsafe {
+        let mut s = mlx_sys::mlx_string_new();
+        let status = mlx_sys::mlx_version(&mut s);
+        let data = mlx_sys::mlx_string_data(s);
+        let version = (status == 0 && !data.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(data)
+                .to_string_lossy()
+                .into_owned()
+        });
+        mlx_sys::mlx_string_free(s);
+        version.ok_or_else(|| Exception::custom("MLX did not give its version").into())
     }
 }
 

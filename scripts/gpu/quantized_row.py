@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""memexec's one-row quantized product (src/model/kernels/quantized_row.cu) against MLX's own
+"""memexec's one-row quantized product (src/model/kernels/quantized_row.cu, precompiled as
+memexec runs it: precompiled.py) against MLX's own
 one-row product (`qmv`, what mlx-lm's serial decode runs), on the machine it runs on (MLX CUDA
 only: the kernel is CUDA).
 
@@ -21,32 +22,14 @@ import mlx.core as mx
 import numpy as np
 
 from device_timing import timed
-from kernel_host_cost import kernel_text
+from precompiled import row_product
 from quantized_rows import SHAPES, bits_of, finish, mlx_product
 
-WARPS = 8
-
-
-def make_kernel():
-    return mx.fast.cuda_kernel(
-        name="memexec_quantized_row", input_names=["x", "w", "scales", "biases"],
-        output_names=["out"], source=kernel_text("src/model/kernels/quantized_row.cu"),
-        header=kernel_text("src/model/kernels/quantized_rows_header.cuh") + "\n",
-        ensure_row_contiguous=True)
-
-
-KERNEL = None
+VARIANTS = None
 
 
 def kernel_row(x, w, scales, biases, group, variant):
-    cols, unroll = variant
-    n = w.shape[0]
-    blocks = (n + WARPS * cols - 1) // (WARPS * cols)
-    return KERNEL(
-        inputs=[x, w, scales, biases],
-        template=[("T", x.dtype), ("GROUP", group), ("COLS", cols), ("UNROLL", unroll)],
-        grid=(blocks * 32, WARPS, 1), threadgroup=(32, WARPS, 1),
-        output_shapes=[tuple(x.shape[:-1]) + (n,)], output_dtypes=[x.dtype])[0]
+    return row_product(x, w, scales, biases, group, variant, VARIANTS)
 
 
 def operands(n, k, seed, group=64, dtype=mx.bfloat16):
@@ -78,7 +61,7 @@ def case(variant, n, k, seed, group=64, dtype=mx.bfloat16, unaligned=False):
 
 
 def main():
-    global KERNEL
+    global VARIANTS
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--reps", type=int, default=20)
@@ -87,7 +70,7 @@ def main():
     ap.add_argument("--timing-only", action="store_true", help="skip the equality cases")
     a = ap.parse_args()
     variants = [tuple(int(p) for p in v.split("x")) for v in a.variants.split(",")]
-    KERNEL = make_kernel()
+    VARIANTS = variants
     results = {"mlx": mx.__version__, "device": str(mx.default_device()), "cases": [],
                "timing": []}
     extra = [dict(n=24, k=704), dict(n=100, k=2560), dict(n=2560, k=256 + 64),

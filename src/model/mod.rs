@@ -21,6 +21,7 @@ pub mod gemma4;
 pub mod linear;
 pub mod linear_group;
 pub mod norm;
+pub mod precompiled;
 pub mod quantized_row;
 pub mod quantized_rows;
 pub mod rope;

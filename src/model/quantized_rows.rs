@@ -48,18 +48,22 @@ fn kernel() -> Result<Rc<CudaKernel>> {
     kernel_in(&KERNEL, || product_kernel("memexec_quantized_rows", SOURCE))
 }
 
-/// A 4-bit product kernel named `name` with body `source`: this one and the one-row kernel
-/// ([`super::quantized_row`]) take the same inputs and share [`HEADER`], whose helpers keep
-/// their bits equal.
-pub(super) fn product_kernel(name: &str, source: &str) -> Result<CudaKernel> {
+/// A 4-bit product kernel named `name` with body `source`.
+fn product_kernel(name: &str, source: &str) -> Result<CudaKernel> {
     CudaKernel::new(
         name,
         &["x", "w", "scales", "biases"],
         &["out"],
         &without_comment_lines(source),
-        &(without_comment_lines(HEADER) + "\n"),
+        &(header_text() + "\n"),
         true,
     )
+}
+
+/// [`HEADER`] without its comment lines: this kernel and the one-row kernel
+/// ([`super::quantized_row`]) share it, and its helpers keep their bits equal.
+pub(super) fn header_text() -> String {
+    without_comment_lines(HEADER)
 }
 
 /// Whether `x` (`[..., k]`) times `matrix` is a product the kernel computes as MLX's one-row

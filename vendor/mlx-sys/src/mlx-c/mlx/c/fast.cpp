@@ -270,6 +270,71 @@ extern "C" int mlx_fast_cuda_kernel_apply(
   return 0;
 }
 
+// memexec addition: see fast.h.
+extern "C" int mlx_fast_precompiled_cuda_kernel(
+    mlx_array* outputs,
+    size_t num_outputs,
+    const char* name,
+    const char* compiled_source,
+    size_t compiled_source_len,
+    const mlx_array* inputs,
+    size_t num_inputs,
+    const int* const* output_shapes,
+    const size_t* output_ndims,
+    const mlx_dtype* output_dtypes,
+    const int* int_scalars,
+    size_t num_scalars,
+    int grid_x,
+    int grid_y,
+    int grid_z,
+    int thread_group_x,
+    int thread_group_y,
+    int thread_group_z,
+    bool ensure_row_contiguous,
+    const mlx_stream stream) {
+  try {
+    std::vector<mlx::core::array> ins;
+    ins.reserve(num_inputs);
+    for (size_t i = 0; i < num_inputs; ++i) {
+      ins.push_back(mlx_array_get_(inputs[i]));
+    }
+    std::vector<mlx::core::Shape> shapes;
+    std::vector<mlx::core::Dtype> dtypes;
+    shapes.reserve(num_outputs);
+    dtypes.reserve(num_outputs);
+    for (size_t i = 0; i < num_outputs; ++i) {
+      shapes.emplace_back(output_shapes[i], output_shapes[i] + output_ndims[i]);
+      dtypes.push_back(mlx_dtype_to_cpp(output_dtypes[i]));
+    }
+    std::vector<mlx::core::fast::ScalarArg> scalars(
+        int_scalars, int_scalars + num_scalars);
+    auto res = mlx::core::fast::precompiled_cuda_kernel(
+        name,
+        std::string(compiled_source, compiled_source_len),
+        ins,
+        shapes,
+        dtypes,
+        scalars,
+        {grid_x, grid_y, grid_z},
+        {thread_group_x, thread_group_y, thread_group_z},
+        0,
+        std::nullopt,
+        ensure_row_contiguous,
+        mlx_stream_get_(stream));
+    if (res.size() != num_outputs) {
+      mlx_error("precompiled cuda kernel: %zu outputs, expected %zu", res.size(), num_outputs);
+      return 1;
+    }
+    for (size_t i = 0; i < num_outputs; ++i) {
+      mlx_array_set_(outputs[i], std::move(res[i]));
+    }
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
 extern "C" int mlx_fast_layer_norm(
     mlx_array* res,
     const mlx_array x,

@@ -96,6 +96,41 @@ int mlx_fast_cuda_kernel_apply(
     const mlx_fast_cuda_kernel_config config,
     const mlx_stream stream);
 
+/**
+ * memexec addition (not in upstream MLX-C): one call of a precompiled CUDA kernel
+ * (MLX's `fast::precompiled_cuda_kernel`), without the config object and vectors of
+ * `mlx_fast_cuda_kernel_apply`, because a decode step makes hundreds of such calls
+ * and each costs the host. `name` is the kernel's symbol in `compiled_source` (a
+ * cubin or PTX image of `compiled_source_len` bytes; MLX loads the module on the
+ * first evaluation under `name` and keeps it for the process, so later calls may
+ * pass an empty image). Inputs are passed as arrays, then the outputs, then
+ * `int_scalars` as `int` arguments. `outputs` must hold `num_outputs` array handles
+ * (made with `mlx_array_new`); output `i` has shape
+ * `output_shapes[i][0..output_ndims[i]]` and dtype `output_dtypes[i]`. `grid` counts
+ * threads per axis (MLX divides by `thread_group`).
+ */
+int mlx_fast_precompiled_cuda_kernel(
+    mlx_array* outputs,
+    size_t num_outputs,
+    const char* name,
+    const char* compiled_source,
+    size_t compiled_source_len,
+    const mlx_array* inputs,
+    size_t num_inputs,
+    const int* const* output_shapes,
+    const size_t* output_ndims,
+    const mlx_dtype* output_dtypes,
+    const int* int_scalars,
+    size_t num_scalars,
+    int grid_x,
+    int grid_y,
+    int grid_z,
+    int thread_group_x,
+    int thread_group_y,
+    int thread_group_z,
+    bool ensure_row_contiguous,
+    const mlx_stream stream);
+
 int mlx_fast_layer_norm(
     mlx_array* res,
     const mlx_array x,
