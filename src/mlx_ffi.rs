@@ -186,11 +186,17 @@ pub enum TemplateArg {
 pub struct CudaKernel {
     raw: mlx_sys::mlx_fast_cuda_kernel,
     name: String,
+    compiled_name: String,
 }
 
 impl CudaKernel {
     /// A kernel named `name` with these input and output names and body; `header` goes after
     /// MLX's default header (includes, helpers).
+    ///
+    /// MLX compiles it under `name` followed by a hash of the body and header: MLX's kernel
+    /// cache (`MLX_PTX_CACHE_DIR`, else a folder in the temp dir) outlives the process and is
+    /// looked up by name alone, so a plain name would hand a later memexec build (or a
+    /// script's variant of the kernel) the module compiled from an older source.
     pub fn new(
         name: &str,
         inputs: &[&str],
@@ -204,7 +210,10 @@ impl CudaKernel {
             CString::new(s)
                 .map_err(|_| Error::InvalidArgument(format!("cuda kernel `{name}`: NUL in {s:?}")))
         };
-        let (c_name, c_source, c_header) = (c(name)?, c(source)?, c(header)?);
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&(source, header), &mut hasher);
+        let versioned = format!("{name}_{:016x}", std::hash::Hasher::finish(&hasher));
+        let (c_name, c_source, c_header) = (c(&versioned)?, c(source)?, c(header)?);
         let c_inputs = inputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
         let c_outputs = outputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
         // SAFETY: every pointer handed to MLX-C is a NUL-terminated string alive for the
@@ -240,7 +249,14 @@ impl CudaKernel {
         Ok(CudaKernel {
             raw,
             name: name.to_string(),
+            compiled_name: versioned,
         })
+    }
+
+    /// The name MLX compiles the kernel under: the given name and the source's hash (MLX
+    /// prefixes `custom_kernel_` and appends its template constants).
+    pub fn compiled_name(&self) -> &str {
+        &self.compiled_name
     }
 
     /// The kernel over `inputs` (in the order of the input names), making one output per

@@ -15,8 +15,6 @@
 //! device, else PTX) to its kernel cache (`MLX_PTX_CACHE_DIR`, else `<temp dir>/mlx/<MLX
 //! version>/ptx`), named after the kernel. The name carries a hash of the source, so a cache
 //! that outlives a memexec build never hands back an older module.
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::rc::Rc;
 
@@ -26,20 +24,18 @@ use crate::error::{Error, Result};
 use crate::mlx_ffi::{mlx_version, CudaKernel};
 
 /// The compiled image of `source` (a module of `extern "C"` kernels, placed after MLX's default
-/// header), built by MLX's JIT under a name made of `module` and a hash of the source. Fails
-/// where MLX has no CUDA, where the source does not compile, or where MLX's kernel cache does
-/// not hold the image afterwards (a cache directory MLX could not create).
+/// header), built by MLX's JIT under a name made of `module` and a hash of the source
+/// ([`CudaKernel::new`]). Fails where MLX has no CUDA, where the source does not compile, or
+/// where MLX's kernel cache does not hold the image afterwards (a cache directory MLX could not
+/// create).
 pub fn compile(module: &str, source: &str) -> Result<Rc<[u8]>> {
-    let mut hasher = DefaultHasher::new();
-    source.hash(&mut hasher);
-    let name = format!("{module}_{:016x}", hasher.finish());
     // The kernel MLX compiles: a one-element copy whose only purpose is to carry `source` as
     // its header into NVRTC; evaluating it once makes MLX compile and cache the module.
-    let carrier = CudaKernel::new(&name, &["x"], &["out"], "out[0] = x[0];", source, false)?;
+    let carrier = CudaKernel::new(module, &["x"], &["out"], "out[0] = x[0];", source, false)?;
     let x = mlx_rs::ops::zeros::<f32>(&[1])?;
     let out = carrier.apply(&[&x], &[(&[1], x.dtype())], [1, 1, 1], [1, 1, 1], &[])?;
     out.iter().try_for_each(Array::eval)?;
-    let path = cache_dir()?.join(format!("custom_kernel_{name}.ptx"));
+    let path = cache_dir()?.join(format!("custom_kernel_{}.ptx", carrier.compiled_name()));
     let image = std::fs::read(&path).map_err(|e| {
         Error::Internal(format!(
             "precompiled module `{module}`: MLX compiled it but {} is not readable ({e})",
