@@ -355,15 +355,15 @@ impl CudaKernel {
     }
 }
 
-/// Where a module keeps its [`CudaKernel`]: a `thread_local!` slot, filled on first use on the
-/// thread that runs the model (MLX objects stay on the thread that made them).
-pub type KernelSlot = std::thread::LocalKey<RefCell<Option<Rc<CudaKernel>>>>;
+/// Where a module keeps its kernel: a `thread_local!` slot, filled on first use on the thread
+/// that runs the model (MLX objects stay on the thread that made them).
+pub type KernelSlot<K> = std::thread::LocalKey<RefCell<Option<Rc<K>>>>;
 
 /// The kernel in `slot`, made by `make` the first time this thread asks.
-pub fn kernel_in(
-    slot: &'static KernelSlot,
-    make: impl FnOnce() -> Result<CudaKernel>,
-) -> Result<Rc<CudaKernel>> {
+pub fn kernel_in<K>(
+    slot: &'static KernelSlot<K>,
+    make: impl FnOnce() -> Result<K>,
+) -> Result<Rc<K>> {
     slot.with(|k| {
         if let Some(k) = k.borrow().as_ref() {
             return Ok(k.clone());
@@ -384,19 +384,17 @@ impl Drop for CudaKernel {
 
 /// A kernel MLX loads from a compiled module (MLX's `fast::precompiled_cuda_kernel`):
 /// `symbol` is an `extern "C"` kernel of `image` (a cubin or PTX image), called with its
-/// inputs, then its outputs, then `int` scalars.
+/// inputs, then its outputs, then `int` scalars. [`crate::model::precompiled`] makes them.
 ///
-/// Why beside [`CudaKernel`]: a `cuda_kernel` call makes MLX assemble the kernel's whole
-/// source text (header, signature, template constants, body) into the graph node and pass
-/// each input's shape as an argument, which cost the host ~5 us per call more than MLX's
-/// own ops (session 39). A precompiled call carries only the symbol, the arrays and the
-/// scalars. MLX loads the module on the first evaluation under `symbol` and keeps it for the
-/// process, so once [`PrecompiledKernel::set_loaded`] says an evaluated call has run, later
-/// calls pass an empty image instead of copying the whole module (~150 KB) into every node.
+/// MLX loads the module on the first evaluation of a call under `symbol` and keeps it for
+/// the process, so once an output of this kernel has been evaluated, calls pass an empty image
+/// instead of making MLX copy the whole module (~150 KB) into every graph node. Until then each
+/// call passes the image, and the kernel keeps the latest call's first output to ask.
 pub struct PrecompiledKernel {
     symbol: CString,
     image: Rc<[u8]>,
     loaded: Cell<bool>,
+    probe: RefCell<Option<Array>>,
 }
 
 impl PrecompiledKernel {
@@ -409,18 +407,26 @@ impl PrecompiledKernel {
             symbol,
             image,
             loaded: Cell::new(false),
+            probe: RefCell::new(None),
         })
     }
 
-    /// Says that an output of [`PrecompiledKernel::apply`] has been evaluated, so MLX holds
-    /// the module: later calls leave the image out.
-    pub fn set_loaded(&self) {
-        self.loaded.set(true);
+    /// Whether MLX holds the module: an output of an earlier call has been evaluated.
+    fn loaded(&self) -> bool {
+        if !self.loaded.get() {
+            let mut probe = self.probe.borrow_mut();
+            if probe.as_ref().is_some_and(is_available) {
+                self.loaded.set(true);
+                *probe = None;
+            }
+        }
+        self.loaded.get()
     }
 
     /// The kernel over `inputs`, making one output per `(shape, dtype)`, with `scalars` as
     /// its trailing `int` arguments; `grid` counts THREADS per axis (MLX divides by
-    /// `threadgroup`). Inputs that are not row contiguous are copied first.
+    /// `threadgroup`). Inputs that are not row contiguous are copied first where
+    /// `ensure_row_contiguous`.
     pub fn apply(
         &self,
         inputs: &[&Array],
@@ -428,6 +434,7 @@ impl PrecompiledKernel {
         scalars: &[i32],
         grid: [i32; 3],
         threadgroup: [i32; 3],
+        ensure_row_contiguous: bool,
     ) -> Result<Vec<Array>> {
         ensure_error_handler();
         let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
@@ -437,7 +444,8 @@ impl PrecompiledKernel {
             .iter()
             .map(|(_, d)| *d as mlx_sys::mlx_dtype)
             .collect();
-        let image: &[u8] = if self.loaded.get() { &[] } else { &self.image };
+        let loaded = self.loaded();
+        let image: &[u8] = if loaded { &[] } else { &self.image };
         let stream = StreamOrDevice::default();
         // SAFETY: every pointer is paired with its length and borrows data alive for the
         // call: the symbol (NUL-terminated), the image, the input handles of live arrays (MLX
@@ -445,7 +453,7 @@ impl PrecompiledKernel {
         // scalars; MLX-C copies what it keeps. `outs` are new handles that the call fills;
         // each is owned by exactly one returned `Array` (freed by its `Drop`) or freed here
         // on failure. `Dtype` is `repr(u32)` with MLX-C's `mlx_dtype` values.
-        unsafe {
+        let result = unsafe {
             let mut outs: Vec<mlx_sys::mlx_array> = (0..outputs.len())
                 .map(|_| mlx_sys::mlx_array_new())
                 .collect();
@@ -468,7 +476,7 @@ impl PrecompiledKernel {
                 threadgroup[0],
                 threadgroup[1],
                 threadgroup[2],
-                true,
+                ensure_row_contiguous,
                 stream.as_ref().as_ptr(),
             );
             if status != 0 {
@@ -481,9 +489,34 @@ impl PrecompiledKernel {
                 ))
                 .into());
             }
-            Ok(outs.into_iter().map(|a| Array::from_ptr(a)).collect())
+            outs.into_iter()
+                .map(|a| Array::from_ptr(a))
+                .collect::<Vec<_>>()
+        };
+        if !loaded {
+            *self.probe.borrow_mut() = result.first().cloned();
         }
+        Ok(result)
     }
+}
+
+/// Whether `a` has been evaluated (its data is there): MLX's `array::is_available`.
+pub fn is_available(a: &Array) -> bool {
+    let mut res = false;
+    // SAFETY: `a` is a live array whose handle is borrowed for the call; `res` is a local the
+    // call writes.
+    let status = unsafe { mlx_sys::_mlx_array_is_available(&mut res, a.as_ptr()) };
+    status == 0 && res
+}
+
+/// Whether `a` is row contiguous (MLX's `flags().row_contiguous`: what `cuda_kernel`'s
+/// `ensure_row_contiguous` tests before copying an input).
+pub fn is_row_contiguous(a: &Array) -> bool {
+    let mut res = false;
+    // SAFETY: `a` is a live array whose handle is borrowed for the call; `res` is a local the
+    // call writes.
+    let status = unsafe { mlx_sys::_mlx_array_is_row_contiguous(&mut res, a.as_ptr()) };
+    status == 0 && res
 }
 
 /// MLX's version string (e.g. `0.32.2`): MLX keeps its JIT-compiled kernels under it.

@@ -13,29 +13,30 @@ constants written into the source (no template constants), and a trivial copy ke
 no shapes, no template constants: the floor of a custom kernel call). Then the trivial kernel
 with one of the row kernel's traits added at a time, to tell which of them costs: its header
 (~3 KB more source text per call), its four inputs, its three shape arguments, its four
-template constants. Last, the row kernel and the trivial copy as PRECOMPILED kernels, as
-memexec runs the row kernel from session 40 on (`fast.precompiled_cuda_kernel`, precompiled.py:
-no source text per call, dimensions as int scalars instead of shape arguments, and no image
-once the module is loaded), the row kernel also with its whole image (~150 KB) in every call;
-the precompiled row kernel's output is checked against the JIT form's.
+template constants. Last, the row kernel as memexec calls it and the trivial kernel again, as
+PRECOMPILED kernels (precompiled.py, as memexec with MEMEXEC_KERNEL_CALLS=precompiled: the
+same body and template constants, no source text per call, shapes as int scalars), checked
+equal to the JIT form's output.
 
 usage: kernel_host_cost.py [--calls 254] [--reps 20] [--out FILE]
 """
 import argparse
 import json
+import os
 import time
 
 import mlx.core as mx
 
-from precompiled import Kernel, compile_module, kernel_text, row_call_args, row_kernels
+from precompiled import PrecompiledKernel
 
-# The one-row kernel's body as memexec called it through `fast.cuda_kernel` up to session 39:
-# constants as template arguments, dimensions from shape arguments.
-JIT_BODY = """
-const int n_arg = w_shape[0];
-const int groups_arg = scales_shape[1];
-memexec_quantized_row<T, GROUP, COLS, UNROLL>(x, w, scales, biases, out, n_arg, groups_arg);
-"""
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def kernel_text(path):
+    """A kernel file (path from the repository root) without its comment lines, as memexec
+    passes it to MLX (`row_kernel::without_comment_lines`)."""
+    return "\n".join(l for l in open(os.path.join(ROOT, path)).read().splitlines()
+                     if not l.lstrip().startswith("//"))
 
 
 def measure(step, x, calls, reps):
@@ -72,18 +73,14 @@ def main():
     norm_w = mx.ones((k,), mx.bfloat16)
     mx.eval(w, s, b, x, norm_w)
     header = kernel_text("src/model/kernels/quantized_rows_header.cuh") + "\n"
-    # The JIT forms: the kernel file as header (it defines the template function), a body that
-    # calls it: the same arithmetic and source size as the JIT kernel of session 39.
-    jit_header = header + kernel_text("src/model/kernels/quantized_row.cu") + "\n"
-    body = JIT_BODY
+    body = kernel_text("src/model/kernels/quantized_row.cu")
     names = ["x", "w", "scales", "biases"]
     templated = mx.fast.cuda_kernel(name="hc_templated", input_names=names, output_names=["out"],
-                                    source=body, header=jit_header, ensure_row_contiguous=True)
+                                    source=body, header=header, ensure_row_contiguous=True)
     consts = ("using T = __nv_bfloat16;\nconstexpr int GROUP = 64;\nconstexpr int COLS = 4;\n"
               "constexpr int UNROLL = 2;\n")
     baked = mx.fast.cuda_kernel(name="hc_baked", input_names=names, output_names=["out"],
-                                source=consts + body, header=jit_header,
-                                ensure_row_contiguous=True)
+                                source=consts + body, header=header, ensure_row_contiguous=True)
     trivial = mx.fast.cuda_kernel(
         name="hc_trivial", input_names=["x"], output_names=["out"],
         source="const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -103,6 +100,10 @@ def main():
         ensure_row_contiguous=True)
     templ = mx.fast.cuda_kernel(name="hc_trivial_template", input_names=["x"],
                                 output_names=["out"], source=copy, ensure_row_contiguous=True)
+    pre_templated = PrecompiledKernel(name="hc_pre_templated", input_names=names,
+                                      output_names=["out"], source=body, header=header)
+    pre_trivial = PrecompiledKernel(name="hc_pre_trivial", input_names=["x"],
+                                    output_names=["out"], source=copy)
     grid = dict(grid=(n // 32 * 32, 8, 1), threadgroup=(32, 8, 1))
     one = dict(output_shapes=[(1, 1, n)], output_dtypes=[mx.bfloat16], grid=(512, 1, 1),
                threadgroup=(256, 1, 1))
@@ -126,26 +127,18 @@ def main():
             inputs=[y], template=[("T", mx.bfloat16), ("GROUP", 64), ("COLS", 4), ("UNROLL", 2)],
             **one)[0],
     }
-
-    # MLX keeps a loaded module by name for the process, so only a kernel's first call needs its
-    # image; later calls pass an empty one (and spare MLX a copy of ~150 KB per call).
-    row = row_kernels(mx.bfloat16, 64)[(4, 2)]
-    same = mx.array_equal(row(*row_call_args(x, w, s, b, 4))[0],
-                          variants["kernel_baked"](x)).item()
-    print(f"precompiled row kernel equals the JIT form: {same}", flush=True)
-    copy_image = compile_module("hc_pre_copy", (
-        'extern "C" __global__ void memexec_pre_copy(const __nv_bfloat16* x, __nv_bfloat16* out) {\n'
-        "  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-        "  if (i < 512) { out[i] = x[i]; }\n}\n"))
-    copy = Kernel("memexec_pre_copy", copy_image)
-    pre_one = (one["output_shapes"], one["output_dtypes"], [], one["grid"], one["threadgroup"])
-    copy.load([x], *pre_one)
-    full = Kernel(row.symbol, row.image)  # never marked loaded: the image in every call
-    variants["pre_row_full_image"] = lambda y: full(*row_call_args(y, w, s, b, 4))[0]
-    variants["pre_row"] = lambda y: row(*row_call_args(y, w, s, b, 4))[0]
-    variants["pre_trivial"] = lambda y: copy([y], *pre_one)[0]
+    row_template = [("T", mx.bfloat16), ("GROUP", 64), ("COLS", 4), ("UNROLL", 2)]
+    variants["pre_templated"] = lambda y: pre_templated(
+        inputs=[y, w, s, b], template=row_template, output_shapes=[(1, 1, n)],
+        output_dtypes=[mx.bfloat16], **grid)[0]
+    variants["pre_trivial"] = lambda y: pre_trivial(inputs=[y], **one)[0]
+    same = mx.array_equal(variants["pre_templated"](x), variants["kernel_templated"](x)).item()
+    same = same and mx.array_equal(variants["pre_templated"](x),
+                                   variants["kernel_templated"](x)).item()
+    print(f"precompiled row kernel equals the JIT form (with its image, then without): {same}",
+          flush=True)
     results = {"mlx": mx.__version__, "calls": a.calls, "reps": a.reps, "us_per_call": {},
-               "precompiled_equal": same, "precompiled_bytes": len(row.image)}
+               "precompiled_equal": same}
     for rnd in range(2):
         for name, f in variants.items():
             bu, eu = measure(f, x, a.calls, a.reps)

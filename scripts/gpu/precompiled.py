@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""memexec's precompiled kernel modules from Python (src/model/precompiled.rs and the module
-of src/model/quantized_row.rs): the same sources, compiled the same way (MLX's JIT compiles a
-one-element kernel whose header holds the module's source; the image is read back from MLX's
-kernel cache), run through `mx.fast.precompiled_cuda_kernel`. Imported by quantized_row.py and
-kernel_host_cost.py; MLX CUDA only.
+"""memexec's custom kernels called as PRECOMPILED kernels from Python, made as
+src/model/precompiled.rs makes them: for each form a kernel is called with (template constants,
+input dtypes and ranks, output dtypes), the `extern "C"` kernel MLX's JIT would write around the
+body, with the shapes / strides / ranks the body reads passed as int scalars (strides as low and
+high halves) and rebuilt as the arrays the body indexes; compiled once through MLX's JIT (a
+one-element kernel whose header holds the module), the image read back from MLX's kernel cache,
+then called through `mx.fast.precompiled_cuda_kernel` with the image only until a call has been
+evaluated. Imported by quantized_row.py and kernel_host_cost.py; MLX CUDA only.
 """
 import hashlib
 import os
@@ -11,19 +14,15 @@ import tempfile
 
 import mlx.core as mx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WARPS = 8
-# (cols, unroll) per tile: quantized_row.rs's TILES.
-TILES = [(1, 4), (4, 2)]
-TYPE_NAMES = {mx.bfloat16: ("__nv_bfloat16", "bf16"), mx.float16: ("__half", "f16"),
-              mx.float32: ("float", "f32")}
+CUDA_TYPES = {mx.bool_: "bool", mx.uint8: "uint8_t", mx.uint16: "uint16_t", mx.uint32: "uint32_t",
+              mx.uint64: "uint64_t", mx.int8: "int8_t", mx.int16: "int16_t", mx.int32: "int32_t",
+              mx.int64: "int64_t", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16",
+              mx.float32: "float"}
 
 
-def kernel_text(path):
-    """A kernel file (path from the repository root) without its comment lines, as memexec
-    passes it to MLX (`row_kernel::without_comment_lines`)."""
-    return "\n".join(l for l in open(os.path.join(ROOT, path)).read().splitlines()
-                     if not l.lstrip().startswith("//"))
+def cache_dir():
+    return os.environ.get("MLX_PTX_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
 
 
 def compile_module(module, source):
@@ -34,66 +33,96 @@ def compile_module(module, source):
                                   ensure_row_contiguous=False)
     mx.eval(carrier(inputs=[mx.zeros((1,))], output_shapes=[(1,)], output_dtypes=[mx.float32],
                     grid=(1, 1, 1), threadgroup=(1, 1, 1))[0])
-    cache = os.environ.get("MLX_PTX_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
-    with open(os.path.join(cache, f"custom_kernel_{name}.ptx"), "rb") as f:
+    with open(os.path.join(cache_dir(), f"custom_kernel_{name}.ptx"), "rb") as f:
         return f.read()
 
 
-class Kernel:
-    """One precompiled kernel: the image travels with its calls until one has been evaluated
-    (MLX then holds the module for the process), as memexec's `PrecompiledKernel`."""
+class PrecompiledKernel:
+    """`mx.fast.cuda_kernel`'s interface, called as memexec's `precompiled::Kernel` does."""
 
-    def __init__(self, symbol, image):
-        self.symbol, self.image, self.loaded = symbol, image, False
+    def __init__(self, name, input_names, output_names, source, header="",
+                 ensure_row_contiguous=True):
+        self.name, self.inputs, self.outputs = name, list(input_names), list(output_names)
+        self.body, self.header, self.contiguous = source, header, ensure_row_contiguous
+        self.reads = [(f"{n}_shape" in source, f"{n}_strides" in source, f"{n}_ndim" in source)
+                      for n in input_names]
+        self.forms = {}  # key -> [symbol, image, loaded, probe]
 
-    def __call__(self, inputs, output_shapes, output_dtypes, scalars, grid, threadgroup):
-        return mx.fast.precompiled_cuda_kernel(
-            name=self.symbol, compiled_source=b"" if self.loaded else self.image, inputs=inputs,
+    def module_source(self, symbol, inputs, output_dtypes, template):
+        params, scalars, prologue = [], [], ""
+        for name, a, (shape, strides, ndim) in zip(self.inputs, inputs, self.reads):
+            params.append(f"const {CUDA_TYPES[a.dtype]}* {name}")
+            nd = a.ndim
+            if nd == 0:
+                continue
+            if shape:
+                dims = [f"{name}_shape_{i}" for i in range(nd)]
+                scalars += [f"int {d}" for d in dims]
+                prologue += f"const int {name}_shape[{nd}] = {{{', '.join(dims)}}};\n"
+            if strides:
+                parts = []
+                for i in range(nd):
+                    scalars += [f"int {name}_strides_{i}_lo", f"int {name}_strides_{i}_hi"]
+                    parts.append(
+                        f"static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>("
+                        f"{name}_strides_{i}_hi)) << 32) | static_cast<uint32_t>({name}_strides_{i}_lo))")
+                prologue += f"const int64_t {name}_strides[{nd}] = {{{', '.join(parts)}}};\n"
+            if ndim:
+                scalars.append(f"int {name}_ndim")
+        params += [f"{CUDA_TYPES[d]}* {n}" for n, d in zip(self.outputs, output_dtypes)]
+        params += scalars
+        consts = ""
+        for name, arg in template:
+            if isinstance(arg, mx.Dtype):
+                consts += f"  using {name} = {CUDA_TYPES[arg]};\n"
+            else:
+                consts += f"  constexpr int {name} = {int(arg)};\n"
+        return (f"{self.header}\nnamespace mlx::core::cu {{\n\nnamespace cg = cooperative_groups;\n\n"
+                f"extern \"C\" __global__ void {symbol}(\n    " + ",\n    ".join(params)
+                + f") {{\n{consts}{prologue}\n{self.body}\n}}\n\n}} // namespace mlx::core::cu\n")
+
+    def __call__(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template=()):
+        template = list(template)
+        key = (tuple((n, str(v)) for n, v in template),
+               tuple((str(a.dtype), a.ndim) for a in inputs), tuple(str(d) for d in output_dtypes))
+        form = self.forms.get(key)
+        if form is None:
+            src_key = repr(key) + self.body + self.header
+            symbol = f"{self.name}_{hashlib.sha1(src_key.encode()).hexdigest()[:16]}"
+            source = self.module_source(symbol, inputs, output_dtypes, template)
+            form = self.forms[key] = [symbol, compile_module(symbol, source), False, None]
+        symbol, image, loaded, probe = form
+        if not loaded and probe is not None:
+            # Evaluated (the same test memexec makes with MLX's `is_available`): MLX holds the
+            # module. Python has no such query; an evaluated array's eval returns at once.
+            mx.eval(probe)
+            form[2], form[3] = True, None
+            loaded = True
+        scalars = []
+        for a, (shape, strides, ndim) in zip(inputs, self.reads):
+            if a.ndim == 0:
+                continue
+            if shape:
+                scalars += list(a.shape)
+            if strides:
+                for s in strides_of(a):
+                    scalars += [int(s & 0xffffffff) - (1 << 32 if s & 0x80000000 else 0),
+                                int(s >> 32)]
+            if ndim:
+                scalars.append(a.ndim)
+        out = mx.fast.precompiled_cuda_kernel(
+            name=symbol, compiled_source=b"" if loaded else image, inputs=inputs,
             output_shapes=output_shapes, output_dtypes=output_dtypes, scalars=scalars, grid=grid,
-            threadgroup=threadgroup, ensure_row_contiguous=True)
-
-    def load(self, *args, **kwargs):
-        mx.eval(self(*args, **kwargs))
-        self.loaded = True
-
-
-_ROW_MODULES = {}
+            threadgroup=threadgroup, ensure_row_contiguous=self.contiguous)
+        if not loaded:
+            form[3] = out[0]
+        return out
 
 
-def row_kernels(dtype, group, tiles=TILES):
-    """{(cols, unroll): Kernel} of memexec's one-row product for `dtype` and `group` (memexec
-    builds TILES; other tiles here are for timing), each run once so later calls carry no
-    image."""
-    key = (dtype, group, tuple(tiles))
-    if key in _ROW_MODULES:
-        return _ROW_MODULES[key]
-    cuda_type, short = TYPE_NAMES[dtype]
-    source = (kernel_text("src/model/kernels/quantized_rows_header.cuh") + "\n"
-              + kernel_text("src/model/kernels/quantized_row.cu") + "\n")
-    for cols, unroll in tiles:
-        source += f"MEMEXEC_QUANTIZED_ROW({short}, {cuda_type}, {group}, {cols}, {unroll})\n"
-    image = compile_module(f"py_quantized_row_{short}_g{group}", source)
-    kernels = {}
-    k = group * 8
-    w, s, b = mx.quantize(mx.zeros((8, k), dtype), group_size=group, bits=4)
-    for cols, unroll in tiles:
-        kern = Kernel(f"memexec_quantized_row_{short}_g{group}_c{cols}_u{unroll}", image)
-        kern.load(*row_call_args(mx.zeros((1, 1, k), dtype), w, s, b, cols))
-        kernels[(cols, unroll)] = kern
-    _ROW_MODULES[key] = kernels
-    return kernels
-
-
-def row_call_args(x, w, scales, biases, cols):
-    """The arguments of a one-row product call, as quantized_row.rs's `launch` makes them."""
-    n = w.shape[0]
-    blocks = (n + WARPS * cols - 1) // (WARPS * cols)
-    return ([x, w, scales, biases], [tuple(x.shape[:-1]) + (n,)], [x.dtype],
-            [n, scales.shape[1]], (blocks * 32, WARPS, 1), (32, WARPS, 1))
-
-
-def row_product(x, w, scales, biases, group, tile, tiles=TILES):
-    """memexec's one-row product of x by the 4-bit (w, scales, biases) with `tile`."""
-    kern = row_kernels(x.dtype, group, tiles)[tile]
-    return kern(*row_call_args(x, w, scales, biases, tile[0]))[0]
+def strides_of(a):
+    """Row-contiguous strides (the kernels here get row-contiguous inputs, or copies of them)."""
+    strides, acc = [], 1
+    for d in reversed(a.shape):
+        strides.append(acc)
+        acc *= d
+    return list(reversed(strides))

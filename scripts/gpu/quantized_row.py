@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""memexec's one-row quantized product (src/model/kernels/quantized_row.cu, precompiled as
-memexec runs it: precompiled.py) against MLX's own
+"""memexec's one-row quantized product (src/model/kernels/quantized_row.cu) against MLX's own
 one-row product (`qmv`, what mlx-lm's serial decode runs), on the machine it runs on (MLX CUDA
 only: the kernel is CUDA).
 
@@ -14,7 +13,11 @@ For every tile VARIANT (columns per warp x steps of loads in flight) given:
     vs MLX's product. Run the script under cupti_trace.py for the device time per kernel and
     shape (its "no decode steps" table: mean us per name and grid).
 
+The kernel is called as a precompiled kernel (precompiled.py: as memexec with
+MEMEXEC_KERNEL_CALLS=precompiled) unless --calls jit.
+
 Usage: quantized_row.py [--out FILE] [--reps N] [--variants 4x2,2x4,...] [--timing-only]
+       [--calls precompiled|jit]
 """
 import argparse
 
@@ -22,14 +25,34 @@ import mlx.core as mx
 import numpy as np
 
 from device_timing import timed
-from precompiled import row_product
+from kernel_host_cost import kernel_text
+from precompiled import PrecompiledKernel
 from quantized_rows import SHAPES, bits_of, finish, mlx_product
 
-VARIANTS = None
+WARPS = 8
+
+
+def make_kernel(calls="precompiled"):
+    make = PrecompiledKernel if calls == "precompiled" else mx.fast.cuda_kernel
+    return make(
+        name="memexec_quantized_row", input_names=["x", "w", "scales", "biases"],
+        output_names=["out"], source=kernel_text("src/model/kernels/quantized_row.cu"),
+        header=kernel_text("src/model/kernels/quantized_rows_header.cuh") + "\n",
+        ensure_row_contiguous=True)
+
+
+KERNEL = None
 
 
 def kernel_row(x, w, scales, biases, group, variant):
-    return row_product(x, w, scales, biases, group, variant, VARIANTS)
+    cols, unroll = variant
+    n = w.shape[0]
+    blocks = (n + WARPS * cols - 1) // (WARPS * cols)
+    return KERNEL(
+        inputs=[x, w, scales, biases],
+        template=[("T", x.dtype), ("GROUP", group), ("COLS", cols), ("UNROLL", unroll)],
+        grid=(blocks * 32, WARPS, 1), threadgroup=(32, WARPS, 1),
+        output_shapes=[tuple(x.shape[:-1]) + (n,)], output_dtypes=[x.dtype])[0]
 
 
 def operands(n, k, seed, group=64, dtype=mx.bfloat16):
@@ -61,17 +84,20 @@ def case(variant, n, k, seed, group=64, dtype=mx.bfloat16, unaligned=False):
 
 
 def main():
-    global VARIANTS
+    global KERNEL
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--variants", default="4x2,2x2,2x4,1x4,4x1",
                     help="COLSxUNROLL tiles, comma-separated")
     ap.add_argument("--timing-only", action="store_true", help="skip the equality cases")
+    ap.add_argument("--calls", choices=["precompiled", "jit"], default="precompiled",
+                    help="call the kernel as memexec's MEMEXEC_KERNEL_CALLS does")
     a = ap.parse_args()
     variants = [tuple(int(p) for p in v.split("x")) for v in a.variants.split(",")]
-    VARIANTS = variants
-    results = {"mlx": mx.__version__, "device": str(mx.default_device()), "cases": [],
+    KERNEL = make_kernel(a.calls)
+    results = {"mlx": mx.__version__, "device": str(mx.default_device()), "calls": a.calls,
+               "cases": [],
                "timing": []}
     extra = [dict(n=24, k=704), dict(n=100, k=2560), dict(n=2560, k=256 + 64),
              dict(n=2048, k=2560, dtype=mx.float16), dict(n=2048, k=2560, dtype=mx.float32),

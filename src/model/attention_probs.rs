@@ -23,8 +23,8 @@ use std::rc::Rc;
 use mlx_rs::ops::expand_dims;
 use mlx_rs::{Array, Dtype};
 
+use super::precompiled::Kernel;
 use crate::error::{Error, Result};
-use crate::mlx_ffi::CudaKernel;
 
 const SOURCE: &str = include_str!("kernels/attention_probs.cu");
 
@@ -111,11 +111,11 @@ pub fn source_slots(rows: usize) -> String {
 }
 
 /// The kernel for calls of `rows` rows that reads keys by slot, and the row count it takes.
-fn slots_kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
+fn slots_kernel(rows: usize) -> Result<(usize, Rc<Kernel>)> {
     super::row_kernel::bucket_kernel("memexec_attention_probs_slots", rows, |name, n| {
         let outputs: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
         let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
-        CudaKernel::new(
+        Kernel::new(
             name,
             &["q", "kb", "row_slots", "row_keys", "counters"],
             &outputs,
@@ -127,7 +127,7 @@ fn slots_kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
 }
 
 /// The kernel for calls of `rows` rows and the row count it takes.
-fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
+fn kernel(rows: usize) -> Result<(usize, Rc<Kernel>)> {
     super::row_kernel::bucket_kernel("memexec_attention_probs", rows, |name, n| {
         let inputs: Vec<String> = std::iter::once("q".to_string())
             .chain((0..n).map(|r| format!("k{r}")))
@@ -136,7 +136,7 @@ fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
         let outputs: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
         let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
-        CudaKernel::new(name, &inputs, &outputs, &source(n), HEADER, false)
+        Kernel::new(name, &inputs, &outputs, &source(n), HEADER, false)
     })
 }
 
@@ -279,7 +279,7 @@ pub(super) fn probabilities_slots(
 /// Runs a probabilities kernel made for `slots` rows on `inputs` (the counters appended):
 /// `rows[r]` is row `r`'s (kv_heads, key count); the unused outputs are one element each.
 fn launch(
-    kernel: &CudaKernel,
+    kernel: &Kernel,
     slots: usize,
     inputs: Vec<&Array>,
     q: &Array,

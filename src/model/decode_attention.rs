@@ -22,8 +22,9 @@ use std::rc::Rc;
 
 use mlx_rs::{Array, Dtype};
 
+use super::precompiled::Kernel;
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{kernel_in, CudaKernel};
+use crate::mlx_ffi::kernel_in;
 
 const SOURCE: &str = include_str!("kernels/decode_attention.cu");
 
@@ -100,7 +101,7 @@ pub const ROWS_PER_CALL: usize = 8;
 
 thread_local! {
     /// The kernel, made on first use (see [`kernel_in`]).
-    static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
+    static KERNEL: RefCell<Option<Rc<Kernel>>> = const { RefCell::new(None) };
 }
 
 /// The kernel's source for `rows` input rows: a prologue that picks the block's row (its
@@ -131,7 +132,7 @@ pub fn source(rows: usize) -> String {
     s
 }
 
-fn kernel() -> Result<Rc<CudaKernel>> {
+fn kernel() -> Result<Rc<Kernel>> {
     kernel_in(&KERNEL, || {
         let mut inputs = vec!["q".to_string()];
         for r in 0..ROWS_PER_CALL {
@@ -139,7 +140,7 @@ fn kernel() -> Result<Rc<CudaKernel>> {
             inputs.push(format!("v{r}"));
         }
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        CudaKernel::new(
+        Kernel::new(
             "memexec_decode_attention",
             &inputs,
             &["out"],

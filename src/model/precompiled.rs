@@ -1,27 +1,396 @@
-//! Modules of memexec's CUDA kernels that MLX runs as precompiled kernels
-//! ([`PrecompiledKernel`]): compiled once per process through MLX's own JIT and read back as
-//! the image MLX's JIT wrote.
+//! memexec's CUDA kernels as MLX calls them: through MLX's JIT (`fast::cuda_kernel`) or as
+//! precompiled kernels (`fast::precompiled_cuda_kernel`), [`Calls`] says which.
 //!
-//! Why precompiled: MLX's `cuda_kernel` call assembles the kernel's whole source text into
-//! every graph node and passes each input's shape as an argument; with ~6.5 KB of text, four
-//! inputs, three shapes and four template constants that cost the host ~5 us per call more
-//! than MLX's own product (session 39), in a decode step that is bound by the host. A
-//! precompiled call carries only a symbol, arrays and `int` scalars.
+//! Why precompiled: a `cuda_kernel` call makes MLX assemble the kernel's whole source text
+//! (header, signature, template constants, body) into every graph node and pass each input's
+//! shape and strides as arguments. For memexec's one-row product (~6.5 KB of text, four inputs,
+//! three shapes, four template constants) that cost the host ~5 us per call more than MLX's
+//! own product, where a trivial custom kernel costs about what an MLX op does (session 39), in
+//! a decode step that is bound by the host. A precompiled call carries a symbol, the arrays
+//! and `int` scalars.
 //!
-//! Why through MLX's JIT: it compiles with the NVRTC, headers (MLX's device headers, the
-//! toolkit's and CCCL's) and architecture flags that MLX's own kernels are built with, and
-//! needs nothing memexec would have to find or load itself. MLX compiles a kernel whose
-//! header holds the module's source and writes the result (a cubin where NVRTC can target the
-//! device, else PTX) to its kernel cache (`MLX_PTX_CACHE_DIR`, else `<temp dir>/mlx/<MLX
-//! version>/ptx`), named after the kernel. The name carries a hash of the source, so a cache
-//! that outlives a memexec build never hands back an older module.
+//! How: [`Kernel`] takes a kernel exactly as `cuda_kernel` does (input and output names, a
+//! body, a header, template constants per call) and, for each form it is called with
+//! (template constants, input dtypes and ranks, output dtypes), writes the `extern "C"` kernel
+//! MLX's JIT would have written around the body, with the shapes, strides and ranks the body
+//! reads passed as `int` scalars and rebuilt as the arrays the body indexes. The body is
+//! untouched, so both ways run the same arithmetic. The module is compiled once per process
+//! through MLX's own JIT (the NVRTC, headers and flags MLX's kernels use: a one-element kernel
+//! whose header holds the module) and read back from MLX's kernel cache (`MLX_PTX_CACHE_DIR`,
+//! else `<temp dir>/mlx/<MLX version>/ptx`), where MLX writes what it compiles.
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{mlx_version, CudaKernel};
+use crate::mlx_ffi::{is_row_contiguous, mlx_version, CudaKernel, PrecompiledKernel, TemplateArg};
+
+/// How memexec calls its CUDA kernels (`MEMEXEC_KERNEL_CALLS`): `jit` (MLX's `cuda_kernel`,
+/// the default until the precompiled calls are measured on a device) or `precompiled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Calls {
+    /// MLX's `cuda_kernel`: the source text in every call.
+    #[default]
+    Jit,
+    /// MLX's `precompiled_cuda_kernel`: each form compiled once, then only launched.
+    Precompiled,
+}
+
+impl Calls {
+    /// What `MEMEXEC_KERNEL_CALLS` asks for (read once per process): `precompiled`, or
+    /// anything else (or nothing) for [`Calls::Jit`].
+    pub fn from_env() -> Calls {
+        static CALLS: std::sync::OnceLock<Calls> = std::sync::OnceLock::new();
+        *CALLS.get_or_init(|| {
+            match std::env::var("MEMEXEC_KERNEL_CALLS")
+                .map(|v| v.trim().to_ascii_lowercase())
+                .as_deref()
+            {
+                Ok("precompiled") => Calls::Precompiled,
+                _ => Calls::Jit,
+            }
+        })
+    }
+}
+
+/// Which of an input's shape, strides and rank a body reads (`<name>_shape`, `_strides`,
+/// `_ndim`: what MLX passes a `cuda_kernel` when its body names them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reads {
+    shape: bool,
+    strides: bool,
+    ndim: bool,
+}
+
+/// A custom CUDA kernel, called through MLX's JIT or precompiled ([`Calls::from_env`]); the
+/// interface of [`CudaKernel`].
+pub struct Kernel {
+    /// The JIT form, made on its first call (on a build without MLX CUDA, making it fails).
+    jit: RefCell<Option<Rc<CudaKernel>>>,
+    calls: Calls,
+    name: String,
+    inputs: Vec<String>,
+    reads: Vec<Reads>,
+    outputs: Vec<String>,
+    body: String,
+    header: String,
+    ensure_row_contiguous: bool,
+    /// The precompiled kernel of each form called so far, by [`Kernel::form_key`]; `None`
+    /// for a form that could not be precompiled (its calls go through MLX's JIT).
+    forms: RefCell<HashMap<String, Option<Rc<PrecompiledKernel>>>>,
+}
+
+impl Kernel {
+    /// A kernel named `name` with these input and output names and body; `header` goes after
+    /// MLX's default header (includes, helpers). See [`CudaKernel::new`]; nothing is made or
+    /// compiled before the first call.
+    pub fn new(
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        source: &str,
+        header: &str,
+        ensure_row_contiguous: bool,
+    ) -> Result<Kernel> {
+        let reads = inputs
+            .iter()
+            .map(|n| Reads {
+                shape: source.contains(&format!("{n}_shape")),
+                strides: source.contains(&format!("{n}_strides")),
+                ndim: source.contains(&format!("{n}_ndim")),
+            })
+            .collect();
+        Ok(Kernel {
+            jit: RefCell::new(None),
+            calls: Calls::from_env(),
+            name: name.to_string(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            reads,
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            body: source.to_string(),
+            header: header.to_string(),
+            ensure_row_contiguous,
+            forms: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// The kernel over `inputs` (in the order of the input names), making one output per
+    /// `(shape, dtype)`; `grid` counts THREADS per axis (MLX divides by `threadgroup`). See
+    /// [`CudaKernel::apply`].
+    pub fn apply(
+        &self,
+        inputs: &[&Array],
+        outputs: &[(&[i32], Dtype)],
+        grid: [i32; 3],
+        threadgroup: [i32; 3],
+        template: &[(&str, TemplateArg)],
+    ) -> Result<Vec<Array>> {
+        if self.calls == Calls::Jit {
+            return self
+                .jit()?
+                .apply(inputs, outputs, grid, threadgroup, template);
+        }
+        if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "kernel `{}`: {} inputs and {} outputs for {} and {}",
+                self.name,
+                inputs.len(),
+                outputs.len(),
+                self.inputs.len(),
+                self.outputs.len()
+            )));
+        }
+        let Some(kernel) = self.form(inputs, outputs, template) else {
+            return self
+                .jit()?
+                .apply(inputs, outputs, grid, threadgroup, template);
+        };
+        let mut scalars = Vec::new();
+        for (a, reads) in inputs.iter().zip(&self.reads) {
+            if a.ndim() == 0 {
+                continue;
+            }
+            if reads.shape {
+                scalars.extend_from_slice(a.shape());
+            }
+            if reads.strides {
+                // The strides of what the kernel reads: MLX copies an input that is not row
+                // contiguous first where the kernel ensures it.
+                let strides: Vec<i64> = if self.ensure_row_contiguous && !is_row_contiguous(a) {
+                    row_strides(a.shape())
+                } else {
+                    a.strides().iter().map(|&s| s as i64).collect()
+                };
+                for s in strides {
+                    // int64 strides as (low, high) 32-bit halves.
+                    scalars.extend([s as i32, (s >> 32) as i32]);
+                }
+            }
+            if reads.ndim {
+                scalars.push(a.ndim() as i32);
+            }
+        }
+        kernel.apply(
+            inputs,
+            outputs,
+            &scalars,
+            grid,
+            threadgroup,
+            self.ensure_row_contiguous,
+        )
+    }
+
+    /// The JIT form, made the first time it is called.
+    fn jit(&self) -> Result<Rc<CudaKernel>> {
+        if let Some(k) = self.jit.borrow().as_ref() {
+            return Ok(k.clone());
+        }
+        let inputs: Vec<&str> = self.inputs.iter().map(String::as_str).collect();
+        let outputs: Vec<&str> = self.outputs.iter().map(String::as_str).collect();
+        let made = Rc::new(CudaKernel::new(
+            &self.name,
+            &inputs,
+            &outputs,
+            &self.body,
+            &self.header,
+            self.ensure_row_contiguous,
+        )?);
+        *self.jit.borrow_mut() = Some(made.clone());
+        Ok(made)
+    }
+
+    /// What tells one compiled form from another: the template constants, the inputs' dtypes
+    /// and ranks, the outputs' dtypes.
+    fn form_key(
+        inputs: &[&Array],
+        outputs: &[(&[i32], Dtype)],
+        template: &[(&str, TemplateArg)],
+    ) -> String {
+        let mut key = String::new();
+        for (n, arg) in template {
+            match arg {
+                TemplateArg::Int(v) => write!(key, "{n}={v};"),
+                TemplateArg::Dtype(d) => write!(key, "{n}={d:?};"),
+            }
+            .expect("writing to a String");
+        }
+        for a in inputs {
+            write!(key, "{:?}/{},", a.dtype(), a.ndim()).expect("writing to a String");
+        }
+        for (_, d) in outputs {
+            write!(key, "{d:?},").expect("writing to a String");
+        }
+        key
+    }
+
+    /// The precompiled kernel for this call's form, compiled the first time it is asked for;
+    /// `None` where that failed (logged once per form: the calls stay correct through MLX's
+    /// JIT, which compiles the same body).
+    fn form(
+        &self,
+        inputs: &[&Array],
+        outputs: &[(&[i32], Dtype)],
+        template: &[(&str, TemplateArg)],
+    ) -> Option<Rc<PrecompiledKernel>> {
+        let key = Self::form_key(inputs, outputs, template);
+        if let Some(k) = self.forms.borrow().get(&key) {
+            return k.clone();
+        }
+        let symbol = format!(
+            "{}_{:016x}",
+            self.name,
+            hash_of(&(&key, &self.body, &self.header))
+        );
+        let made = self
+            .module_source(&symbol, inputs, outputs, template)
+            .inspect(|source| dump(&symbol, source))
+            .and_then(|source| compile(&symbol, &source))
+            .and_then(|image| PrecompiledKernel::new(&symbol, image));
+        let made = match made {
+            Ok(k) => Some(Rc::new(k)),
+            Err(e) => {
+                tracing::warn!(
+                    kernel = %self.name,
+                    form = %key,
+                    "kernel could not be precompiled ({e}); its calls go through MLX's JIT"
+                );
+                None
+            }
+        };
+        self.forms.borrow_mut().insert(key, made.clone());
+        made
+    }
+
+    /// The module of one form: this kernel's header, then an `extern "C"` kernel `symbol` with
+    /// the signature MLX's JIT would write for these inputs, outputs and constants, except
+    /// that each shape / strides / rank the body reads is passed as `int` scalars (after the
+    /// outputs: MLX's precompiled calls pass inputs, outputs, scalars) and rebuilt as the
+    /// local array the body indexes.
+    fn module_source(
+        &self,
+        symbol: &str,
+        inputs: &[&Array],
+        outputs: &[(&[i32], Dtype)],
+        template: &[(&str, TemplateArg)],
+    ) -> Result<String> {
+        let mut params = Vec::new();
+        let mut scalars = Vec::new();
+        let mut prologue = String::new();
+        for ((name, a), reads) in self.inputs.iter().zip(inputs).zip(&self.reads) {
+            params.push(format!("const {}* {name}", cuda_type(a.dtype())?));
+            let nd = a.ndim();
+            if nd == 0 {
+                continue;
+            }
+            if reads.shape {
+                let dims: Vec<String> = (0..nd).map(|i| format!("{name}_shape_{i}")).collect();
+                scalars.extend(dims.iter().map(|d| format!("int {d}")));
+                writeln!(
+                    prologue,
+                    "const int {name}_shape[{nd}] = {{{}}};",
+                    dims.join(", ")
+                )
+                .expect("writing to a String");
+            }
+            if reads.strides {
+                let mut strides = Vec::new();
+                for i in 0..nd {
+                    scalars.push(format!("int {name}_strides_{i}_lo"));
+                    scalars.push(format!("int {name}_strides_{i}_hi"));
+                    strides.push(format!(
+                        "static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(\
+                         {name}_strides_{i}_hi)) << 32) | static_cast<uint32_t>({name}_strides_{i}_lo))"
+                    ));
+                }
+                writeln!(
+                    prologue,
+                    "const int64_t {name}_strides[{nd}] = {{{}}};",
+                    strides.join(", ")
+                )
+                .expect("writing to a String");
+            }
+            if reads.ndim {
+                scalars.push(format!("int {name}_ndim"));
+            }
+        }
+        for (name, (_, dtype)) in self.outputs.iter().zip(outputs) {
+            params.push(format!("{}* {name}", cuda_type(*dtype)?));
+        }
+        params.extend(scalars);
+        let mut constants = String::new();
+        for (name, arg) in template {
+            match arg {
+                TemplateArg::Int(v) => writeln!(constants, "  constexpr int {name} = {v};"),
+                TemplateArg::Dtype(d) => {
+                    writeln!(constants, "  using {name} = {};", cuda_type(*d)?)
+                }
+            }
+            .expect("writing to a String");
+        }
+        Ok(format!(
+            "{header}\nnamespace mlx::core::cu {{\n\nnamespace cg = cooperative_groups;\n\n\
+             extern \"C\" __global__ void {symbol}(\n    {params}) {{\n{constants}{prologue}\n{body}\n}}\n\n\
+             }} // namespace mlx::core::cu\n",
+            header = self.header,
+            params = params.join(",\n    "),
+            body = self.body,
+        ))
+    }
+}
+
+/// Writes a module's source to `$MEMEXEC_KERNEL_DUMP_DIR/<symbol>.cu` where that is set: what
+/// NVRTC compiled, to read or compile by hand when a form fails.
+fn dump(symbol: &str, source: &str) {
+    if let Some(dir) = std::env::var_os("MEMEXEC_KERNEL_DUMP_DIR") {
+        let path = PathBuf::from(dir).join(format!("{symbol}.cu"));
+        if let Err(e) = std::fs::write(&path, source) {
+            tracing::warn!("could not write {}: {e}", path.display());
+        }
+    }
+}
+
+/// The CUDA type MLX's JIT writes for `dtype` (`dtype_to_cuda_type`, MLX 0.32.2).
+fn cuda_type(dtype: Dtype) -> Result<&'static str> {
+    Ok(match dtype {
+        Dtype::Bool => "bool",
+        Dtype::Uint8 => "uint8_t",
+        Dtype::Uint16 => "uint16_t",
+        Dtype::Uint32 => "uint32_t",
+        Dtype::Uint64 => "uint64_t",
+        Dtype::Int8 => "int8_t",
+        Dtype::Int16 => "int16_t",
+        Dtype::Int32 => "int32_t",
+        Dtype::Int64 => "int64_t",
+        Dtype::Float16 => "__half",
+        Dtype::Bfloat16 => "__nv_bfloat16",
+        Dtype::Float32 => "float",
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "precompiled kernel: no CUDA type for {other:?}"
+            )))
+        }
+    })
+}
+
+/// The strides of a row-contiguous array of `shape`.
+fn row_strides(shape: &[i32]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * i64::from(shape[i + 1]);
+    }
+    strides
+}
+
+fn hash_of(value: &impl std::hash::Hash) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    std::hash::Hasher::finish(&hasher)
+}
 
 /// The compiled image of `source` (a module of `extern "C"` kernels, placed after MLX's default
 /// header), built by MLX's JIT under a name made of `module` and a hash of the source
@@ -88,5 +457,46 @@ mod tests {
             v.split('.').take(2).all(|p| p.parse::<u32>().is_ok()),
             "{v}"
         );
+    }
+
+    #[test]
+    fn a_form_passes_what_the_body_reads_as_scalars() {
+        let k = Kernel::new(
+            "memexec_test_form",
+            &["x", "w"],
+            &["out"],
+            "out[0] = x[x_strides[1]] + w[w_shape[0] - 1] + T(x_ndim * N);",
+            "// header\n",
+            true,
+        )
+        .unwrap();
+        let x = mlx_rs::ops::zeros_dtype(&[2, 3], Dtype::Bfloat16).unwrap();
+        let w = mlx_rs::ops::zeros_dtype(&[4], Dtype::Float32).unwrap();
+        let template = [
+            ("T", TemplateArg::Dtype(Dtype::Bfloat16)),
+            ("N", TemplateArg::Int(7)),
+        ];
+        let outputs = [(&[1][..], Dtype::Bfloat16)];
+        let src = k
+            .module_source("sym", &[&x, &w], &outputs, &template)
+            .unwrap();
+        let expected_signature = "extern \"C\" __global__ void sym(\n    \
+             const __nv_bfloat16* x,\n    const float* w,\n    __nv_bfloat16* out,\n    \
+             int x_strides_0_lo,\n    int x_strides_0_hi,\n    int x_strides_1_lo,\n    \
+             int x_strides_1_hi,\n    int x_ndim,\n    int w_shape_0) {";
+        assert!(src.contains(expected_signature), "{src}");
+        assert!(src.contains("constexpr int N = 7;") && src.contains("using T = __nv_bfloat16;"));
+        assert!(src.contains("const int w_shape[1] = {w_shape_0};"), "{src}");
+        assert!(src.starts_with("// header\n"));
+        assert_eq!(row_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(row_strides(&[]), Vec::<i64>::new());
+        // Forms differ by constants, dtypes and ranks, not by sizes.
+        let key =
+            |x: &Array, n| Kernel::form_key(&[x, &w], &outputs, &[("N", TemplateArg::Int(n))]);
+        let wider = mlx_rs::ops::zeros_dtype(&[5, 3], Dtype::Bfloat16).unwrap();
+        let deeper = mlx_rs::ops::zeros_dtype(&[1, 5, 3], Dtype::Bfloat16).unwrap();
+        assert_eq!(key(&x, 7), key(&wider, 7));
+        assert_ne!(key(&x, 7), key(&x, 8));
+        assert_ne!(key(&x, 7), key(&deeper, 7));
     }
 }

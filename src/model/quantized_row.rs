@@ -17,16 +17,15 @@
 //! here. Only 4-bit affine weights with groups of 32 / 64 / 128, as the rows kernel; anything
 //! else keeps MLX's product.
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
 use super::linear::QuantizedMatrix;
-use super::quantized_rows::{fits, header_text};
-use super::row_kernel::without_comment_lines;
+use super::precompiled::Kernel;
+use super::quantized_rows::{fits, product_kernel};
 use crate::error::{Error, Result};
-use crate::mlx_ffi::PrecompiledKernel;
+use crate::mlx_ffi::{kernel_in, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/quantized_row.cu");
 
@@ -112,79 +111,15 @@ fn tile(n: i32) -> Tile {
     }
 }
 
-/// Every tile there is a kernel for: the module of one dtype and group size holds one kernel
-/// per tile.
-const TILES: [Tile; 2] = [Tile { cols: 1, unroll: 4 }, Tile { cols: 4, unroll: 2 }];
-
-/// The kernels of one activation dtype and group size, in the order of [`TILES`].
-struct Kernels([PrecompiledKernel; 2]);
-
-impl Kernels {
-    fn of(&self, tile: Tile) -> &PrecompiledKernel {
-        &self.0[usize::from(tile != TILES[0])]
-    }
-}
-
 thread_local! {
-    /// The modules loaded on this thread, by activation dtype and group size (MLX objects
-    /// stay on the thread that made them).
-    static MODULES: RefCell<HashMap<(u32, i32), Rc<Kernels>>> = RefCell::new(HashMap::new());
+    /// The kernel, made on first use (see [`kernel_in`]).
+    static KERNEL: RefCell<Option<Rc<Kernel>>> = const { RefCell::new(None) };
     /// [`available`]'s answer on this thread, once asked.
     static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-/// The CUDA name of `dtype` and the one in the kernels' symbols.
-fn type_names(dtype: Dtype) -> Result<(&'static str, &'static str)> {
-    match dtype {
-        Dtype::Bfloat16 => Ok(("__nv_bfloat16", "bf16")),
-        Dtype::Float16 => Ok(("__half", "f16")),
-        Dtype::Float32 => Ok(("float", "f32")),
-        other => Err(Error::InvalidArgument(format!(
-            "quantized row: no kernel for {other:?} activations"
-        ))),
-    }
-}
-
-/// The kernels for `dtype` activations and groups of `group`, compiled, loaded and run once
-/// (so MLX holds the module: later calls leave the image out) the first time this thread
-/// asks: MLX's JIT takes about a second per module.
-fn kernels(dtype: Dtype, group: i32) -> Result<Rc<Kernels>> {
-    let key = (dtype as u32, group);
-    if let Some(k) = MODULES.with(|m| m.borrow().get(&key).cloned()) {
-        return Ok(k);
-    }
-    let (cuda_type, short) = type_names(dtype)?;
-    let mut source = header_text() + "\n" + &without_comment_lines(SOURCE) + "\n";
-    for t in TILES {
-        source += &format!(
-            "MEMEXEC_QUANTIZED_ROW({short}, {cuda_type}, {group}, {}, {})\n",
-            t.cols, t.unroll
-        );
-    }
-    let image =
-        super::precompiled::compile(&format!("memexec_quantized_row_{short}_g{group}"), &source)?;
-    let made = TILES.map(|t| {
-        PrecompiledKernel::new(
-            &format!(
-                "memexec_quantized_row_{short}_g{group}_c{}_u{}",
-                t.cols, t.unroll
-            ),
-            image.clone(),
-        )
-    });
-    let [a, b] = made;
-    let made = Kernels([a?, b?]);
-    // One launch of each kernel, evaluated: MLX loads the module under each symbol.
-    let k = group * 8;
-    let x = mlx_rs::ops::zeros_dtype(&[1, 1, k], dtype)?;
-    let matrix = QuantizedMatrix::quantize(&mlx_rs::ops::zeros_dtype(&[8, k], dtype)?, group, 4)?;
-    for t in TILES {
-        launch(made.of(t), &x, &matrix, t)?.eval()?;
-        made.of(t).set_loaded();
-    }
-    let made = Rc::new(made);
-    MODULES.with(|m| m.borrow_mut().insert(key, made.clone()));
-    Ok(made)
+fn kernel() -> Result<Rc<Kernel>> {
+    kernel_in(&KERNEL, || product_kernel("memexec_quantized_row", SOURCE))
 }
 
 /// `x W^T` for a one-row `x` (`[1, ..., 1, k]`) in one kernel node with the bits of MLX's
@@ -201,27 +136,21 @@ pub(super) fn product(x: &Array, matrix: &QuantizedMatrix) -> Result<Option<Arra
 }
 
 fn product_with(x: &Array, matrix: &QuantizedMatrix, tile: Tile) -> Result<Array> {
-    let kernels = kernels(x.dtype(), matrix.params.group_size)?;
-    launch(kernels.of(tile), x, matrix, tile)
-}
-
-fn launch(
-    kernel: &PrecompiledKernel,
-    x: &Array,
-    matrix: &QuantizedMatrix,
-    tile: Tile,
-) -> Result<Array> {
     let n = matrix.weight.dim(0);
-    let groups = matrix.scales.dim(1);
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("fits: x has a last axis") = n;
     let per_block = WARPS * tile.cols;
-    let out = kernel.apply(
+    let out = kernel()?.apply(
         &[x, &matrix.weight, &matrix.scales, &matrix.biases],
         &[(&shape, x.dtype())],
-        &[n, groups],
         [(n + per_block - 1) / per_block * 32, WARPS, 1],
         [32, WARPS, 1],
+        &[
+            ("T", TemplateArg::Dtype(x.dtype())),
+            ("GROUP", TemplateArg::Int(matrix.params.group_size)),
+            ("COLS", TemplateArg::Int(tile.cols)),
+            ("UNROLL", TemplateArg::Int(tile.unroll)),
+        ],
     )?;
     out.into_iter()
         .next()
@@ -250,7 +179,7 @@ pub fn self_check() -> Result<()> {
     let mut lcg = super::check_values::Lcg::new(0x85eb_ca6b);
     for ((n, k), tile) in [(24, 704), (100, 1024)]
         .into_iter()
-        .flat_map(|s| TILES.map(|t| (s, t)))
+        .flat_map(|s| [(s, tile(1)), (s, tile(8192))])
     {
         let x = lcg.bf16(&[1, 1, k], -0.5, 1.0)?;
         let matrix = QuantizedMatrix::quantize(&lcg.bf16(&[n, k], -0.5, 1.0)?, 64, 4)?;

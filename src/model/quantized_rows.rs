@@ -22,9 +22,10 @@ use std::rc::Rc;
 use mlx_rs::{Array, Dtype};
 
 use super::linear::QuantizedMatrix;
+use super::precompiled::Kernel;
 use super::row_kernel::without_comment_lines;
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{kernel_in, CudaKernel, TemplateArg};
+use crate::mlx_ffi::{kernel_in, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/quantized_rows.cu");
 
@@ -39,31 +40,27 @@ const COLS_PER_BLOCK: i32 = 8;
 
 thread_local! {
     /// The kernel, made on first use (see [`kernel_in`]).
-    static KERNEL: RefCell<Option<Rc<CudaKernel>>> = const { RefCell::new(None) };
+    static KERNEL: RefCell<Option<Rc<Kernel>>> = const { RefCell::new(None) };
     /// [`available`]'s answer on this thread, once asked.
     static AVAILABLE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-fn kernel() -> Result<Rc<CudaKernel>> {
+fn kernel() -> Result<Rc<Kernel>> {
     kernel_in(&KERNEL, || product_kernel("memexec_quantized_rows", SOURCE))
 }
 
-/// A 4-bit product kernel named `name` with body `source`.
-fn product_kernel(name: &str, source: &str) -> Result<CudaKernel> {
-    CudaKernel::new(
+/// A 4-bit product kernel named `name` with body `source`: this one and the one-row kernel
+/// ([`super::quantized_row`]) take the same inputs and share [`HEADER`], whose helpers keep
+/// their bits equal.
+pub(super) fn product_kernel(name: &str, source: &str) -> Result<Kernel> {
+    Kernel::new(
         name,
         &["x", "w", "scales", "biases"],
         &["out"],
         &without_comment_lines(source),
-        &(header_text() + "\n"),
+        &(without_comment_lines(HEADER) + "\n"),
         true,
     )
-}
-
-/// [`HEADER`] without its comment lines: this kernel and the one-row kernel
-/// ([`super::quantized_row`]) share it, and its helpers keep their bits equal.
-pub(super) fn header_text() -> String {
-    without_comment_lines(HEADER)
 }
 
 /// Whether `x` (`[..., k]`) times `matrix` is a product the kernel computes as MLX's one-row

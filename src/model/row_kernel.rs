@@ -5,8 +5,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::precompiled::Kernel;
 use crate::error::Result;
-use crate::mlx_ffi::CudaKernel;
 
 /// Rows one kernel call takes at most; a wider batch runs in calls of at most this many.
 pub const ROWS_PER_CALL: usize = 8;
@@ -21,7 +21,7 @@ pub const ROW_BUCKETS: [usize; 4] = [1, 2, 4, 8];
 
 thread_local! {
     /// The kernels made on this thread, by name (MLX objects stay on the thread that made them).
-    static MADE: RefCell<HashMap<String, Rc<CudaKernel>>> = RefCell::new(HashMap::new());
+    static MADE: RefCell<HashMap<String, Rc<Kernel>>> = RefCell::new(HashMap::new());
 }
 
 /// The kernel for calls of `rows` rows (at most [`ROWS_PER_CALL`]) and the row count it takes
@@ -30,8 +30,8 @@ thread_local! {
 pub fn bucket_kernel(
     prefix: &str,
     rows: usize,
-    make: impl FnOnce(&str, usize) -> Result<CudaKernel>,
-) -> Result<(usize, Rc<CudaKernel>)> {
+    make: impl FnOnce(&str, usize) -> Result<Kernel>,
+) -> Result<(usize, Rc<Kernel>)> {
     let n = ROW_BUCKETS
         .into_iter()
         .find(|&n| n >= rows)

@@ -20,9 +20,10 @@ use std::rc::Rc;
 
 use mlx_rs::{Array, Dtype};
 
+use super::precompiled::Kernel;
 use super::row_kernel::ROWS_PER_CALL;
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{CudaKernel, TemplateArg};
+use crate::mlx_ffi::TemplateArg;
 
 const SOURCE: &str = include_str!("kernels/values_product.cu");
 
@@ -160,25 +161,25 @@ pub fn source_slots(rows: usize) -> String {
     s
 }
 
-fn slots_kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
+fn slots_kernel(rows: usize) -> Result<(usize, Rc<Kernel>)> {
     super::row_kernel::bucket_kernel("memexec_values_product_slots", rows, |name, n| {
         let inputs: Vec<String> = (0..n)
             .map(|r| format!("p{r}"))
             .chain(["vb".to_string(), "row_slots".to_string()])
             .collect();
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        CudaKernel::new(name, &inputs, &["o"], &source_slots(n), HEADER, false)
+        Kernel::new(name, &inputs, &["o"], &source_slots(n), HEADER, false)
     })
 }
 
-fn kernel(rows: usize) -> Result<(usize, Rc<CudaKernel>)> {
+fn kernel(rows: usize) -> Result<(usize, Rc<Kernel>)> {
     super::row_kernel::bucket_kernel("memexec_values_product", rows, |name, n| {
         let inputs: Vec<String> = (0..n)
             .map(|r| format!("p{r}"))
             .chain((0..n).map(|r| format!("v{r}")))
             .collect();
         let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        CudaKernel::new(name, &inputs, &["o"], &source(n), HEADER, false)
+        Kernel::new(name, &inputs, &["o"], &source(n), HEADER, false)
     })
 }
 
@@ -245,7 +246,7 @@ pub(super) fn product_slots(
 }
 
 /// Runs a values-product kernel for the rows `ps` (their probabilities) on `inputs`.
-fn launch(kernel: &CudaKernel, inputs: &[&Array], ps: &[Array], order: &Order) -> Result<Array> {
+fn launch(kernel: &Kernel, inputs: &[&Array], ps: &[Array], order: &Order) -> Result<Array> {
     let p0 = ps
         .first()
         .ok_or_else(|| Error::Internal("values product: no rows".into()))?;

@@ -12,133 +12,120 @@
 //   - the loads of UNROLL steps (x chunks, weight words, scales, biases) are issued before
 //     the first of those steps is computed.
 //
-// A whole module source for a precompiled MLX kernel (`mlx::core::fast::precompiled_cuda_kernel`,
-// src/model/precompiled.rs): it follows MLX's default header (cooperative groups, the CUDA
-// types) and memexec's quantized_rows_header.cuh (`cg::reduce`, the paired accumulator and
-// dequantization helpers); memexec appends one `MEMEXEC_QUANTIZED_ROW(...)` line per kernel it
-// needs, each an `extern "C"` kernel `memexec_quantized_row_<TNAME>_g<GROUP>_c<COLS>_u<UNROLL>`
-// taking (x, w, scales, biases, out, n, groups).
+// Body of an MLX custom kernel (`mlx::core::fast::cuda_kernel`): MLX writes the signature
+// (`x`, `w`, `scales`, `biases` with their `_shape`s and `x_ndim`; output `out`), the template
+// constants `T`, `GROUP`, `COLS`, `UNROLL`, and its default header; memexec's header
+// (quantized_rows_header.cuh, shared with the rows kernel) adds `cg::reduce` and the paired
+// accumulator and dequantization helpers.
 // Launch: threadgroup (32, WARPS, 1), grid (ceil(n / (WARPS * COLS)) * 32, WARPS, 1) threads:
 // warp y of block b takes columns (b * WARPS + y) * COLS .. + COLS - 1. x `[..., k]` with one
 // row (leading dims of size 1), row contiguous; w `[n, k / 8]` uint32 (4-bit); scales / biases
-// `[n, groups]` of `T`, k = groups * GROUP; out `[..., n]`.
-namespace cg = cooperative_groups;
+// `[n, k / GROUP]` of `T`; out `[..., n]`.
+constexpr int EPT = sizeof(T) <= 2 ? 16 : 8;
+constexpr int WARP_ELEMS = 32 * EPT;
+// 4-bit words per lane per step, and 16-byte x chunks per lane per step (32 bytes for every T).
+constexpr int NW = EPT / 8;
+constexpr int XCHUNKS = EPT * sizeof(T) / 16;
 
-template <typename T, int GROUP, int COLS, int UNROLL>
-__device__ __forceinline__ void memexec_quantized_row(const T* x, const uint32_t* w,
-                                                      const T* scales, const T* biases, T* out,
-                                                      const int n, const int groups) {
-  constexpr int EPT = sizeof(T) <= 2 ? 16 : 8;
-  constexpr int WARP_ELEMS = 32 * EPT;
-  // 4-bit words per lane per step, and 16-byte x chunks per lane per step (32 bytes for every T).
-  constexpr int NW = EPT / 8;
-  constexpr int XCHUNKS = EPT * sizeof(T) / 16;
+auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+const int n = w_shape[0];
+const int groups = scales_shape[1];
+const int k = groups * GROUP;
+const int lane = threadIdx.x;
+const int col0 = (blockIdx.x * blockDim.y + threadIdx.y) * COLS;
+if (col0 >= n) {
+  return;
+}
+const bool vec = reinterpret_cast<size_t>(x) % 16 == 0 && reinterpret_cast<size_t>(w) % 8 == 0;
+const int64_t row_bytes = k / 2;
 
-  auto warp = cg::tiled_partition<32>(cg::this_thread_block());
-  const int k = groups * GROUP;
-  const int lane = threadIdx.x;
-  const int col0 = (blockIdx.x * blockDim.y + threadIdx.y) * COLS;
-  if (col0 >= n) {
-    return;
+using T2 = decltype(memexec_cvt2(T(0.0f), 0.0f, 0.0f));
+T2 sums[COLS][EPT / 2];
+#pragma unroll
+for (int c = 0; c < COLS; ++c) {
+#pragma unroll
+  for (int j = 0; j < EPT / 2; ++j) {
+    sums[c][j] = memexec_cvt2(T(0.0f), 0.0f, 0.0f);
   }
-  const bool vec = reinterpret_cast<size_t>(x) % 16 == 0 && reinterpret_cast<size_t>(w) % 8 == 0;
-  const int64_t row_bytes = k / 2;
+}
 
-  using T2 = decltype(memexec_cvt2(T(0.0f), 0.0f, 0.0f));
-  T2 sums[COLS][EPT / 2];
-  #pragma unroll
-  for (int c = 0; c < COLS; ++c) {
-  #pragma unroll
-    for (int j = 0; j < EPT / 2; ++j) {
-      sums[c][j] = memexec_cvt2(T(0.0f), 0.0f, 0.0f);
-    }
-  }
-
-  // Steps of WARP_ELEMS inputs, the last one partial when k is not a multiple (its lanes past k
-  // idle): the per-lane order of fmas of MLX's loop and its remainder step.
-  const int steps = (k + WARP_ELEMS - 1) / WARP_ELEMS;
-  for (int t0 = 0; t0 < steps; t0 += UNROLL) {
-    uint4 xq[UNROLL][XCHUNKS];
-    unsigned words[UNROLL][COLS][NW];
-    T sc[UNROLL][COLS];
-    T bi[UNROLL][COLS];
-  #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int idx = lane * EPT + (t0 + u) * WARP_ELEMS;
-      if (t0 + u < steps && idx < k) {
+// Steps of WARP_ELEMS inputs, the last one partial when k is not a multiple (its lanes past k
+// idle): the per-lane order of fmas of MLX's loop and its remainder step.
+const int steps = (k + WARP_ELEMS - 1) / WARP_ELEMS;
+for (int t0 = 0; t0 < steps; t0 += UNROLL) {
+  uint4 xq[UNROLL][XCHUNKS];
+  unsigned words[UNROLL][COLS][NW];
+  T sc[UNROLL][COLS];
+  T bi[UNROLL][COLS];
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int idx = lane * EPT + (t0 + u) * WARP_ELEMS;
+    if (t0 + u < steps && idx < k) {
+      if (vec) {
+#pragma unroll
+        for (int h = 0; h < XCHUNKS; ++h) {
+          xq[u][h] = *reinterpret_cast<const uint4*>(x + idx + h * (16 / sizeof(T)));
+        }
+      } else {
+        T* dst = reinterpret_cast<T*>(&xq[u][0]);
+#pragma unroll
+        for (int e = 0; e < EPT; ++e) {
+          dst[e] = x[idx + e];
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) {
+        const int col = min(col0 + c, n - 1);
+        const unsigned char* wc = reinterpret_cast<const unsigned char*>(w) + col * row_bytes + idx / 2;
+        sc[u][c] = scales[static_cast<int64_t>(col) * groups + idx / GROUP];
+        bi[u][c] = biases[static_cast<int64_t>(col) * groups + idx / GROUP];
         if (vec) {
-  #pragma unroll
-          for (int h = 0; h < XCHUNKS; ++h) {
-            xq[u][h] = *reinterpret_cast<const uint4*>(x + idx + h * (16 / sizeof(T)));
+          if constexpr (NW == 2) {
+            const uint2 p = *reinterpret_cast<const uint2*>(wc);
+            words[u][c][0] = p.x;
+            words[u][c][1] = p.y;
+          } else {
+            words[u][c][0] = *reinterpret_cast<const unsigned int*>(wc);
           }
         } else {
-          T* dst = reinterpret_cast<T*>(&xq[u][0]);
-  #pragma unroll
-          for (int e = 0; e < EPT; ++e) {
-            dst[e] = x[idx + e];
-          }
-        }
-  #pragma unroll
-        for (int c = 0; c < COLS; ++c) {
-          const int col = min(col0 + c, n - 1);
-          const unsigned char* wc = reinterpret_cast<const unsigned char*>(w) + col * row_bytes + idx / 2;
-          sc[u][c] = scales[static_cast<int64_t>(col) * groups + idx / GROUP];
-          bi[u][c] = biases[static_cast<int64_t>(col) * groups + idx / GROUP];
-          if (vec) {
-            if constexpr (NW == 2) {
-              const uint2 p = *reinterpret_cast<const uint2*>(wc);
-              words[u][c][0] = p.x;
-              words[u][c][1] = p.y;
-            } else {
-              words[u][c][0] = *reinterpret_cast<const unsigned int*>(wc);
-            }
-          } else {
-  #pragma unroll
-            for (int j = 0; j < NW; ++j) {
-              const unsigned char* p = wc + 4 * j;
-              words[u][c][j] = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
-            }
-          }
-        }
-      }
-    }
-  #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int idx = lane * EPT + (t0 + u) * WARP_ELEMS;
-      if (t0 + u < steps && idx < k) {
-        const T2* xv2 = reinterpret_cast<const T2*>(&xq[u][0]);
-  #pragma unroll
-        for (int c = 0; c < COLS; ++c) {
-          T2 wd[EPT / 2];
-          memexec_dequant(words[u][c], sc[u][c], bi[u][c], wd);
-  #pragma unroll
-          for (int j = 0; j < EPT / 2; ++j) {
-            sums[c][j] = memexec_fma2(xv2[j], wd[j], sums[c][j]);
+#pragma unroll
+          for (int j = 0; j < NW; ++j) {
+            const unsigned char* p = wc + 4 * j;
+            words[u][c][j] = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<unsigned int>(p[3]) << 24);
           }
         }
       }
     }
   }
-
-  #pragma unroll
-  for (int c = 0; c < COLS; ++c) {
-    float sum = 0.0f;
-  #pragma unroll
-    for (int j = 0; j < EPT / 2; ++j) {
-      const float2 p = memexec_float2(sums[c][j]);
-      sum += p.x;
-      sum += p.y;
-    }
-    sum = cg::reduce(warp, sum, cg::plus<float>());
-    if (warp.thread_rank() == 0 && col0 + c < n) {
-      out[col0 + c] = T(sum);
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int idx = lane * EPT + (t0 + u) * WARP_ELEMS;
+    if (t0 + u < steps && idx < k) {
+      const T2* xv2 = reinterpret_cast<const T2*>(&xq[u][0]);
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) {
+        T2 wd[EPT / 2];
+        memexec_dequant(words[u][c], sc[u][c], bi[u][c], wd);
+#pragma unroll
+        for (int j = 0; j < EPT / 2; ++j) {
+          sums[c][j] = memexec_fma2(xv2[j], wd[j], sums[c][j]);
+        }
+      }
     }
   }
 }
 
-#define MEMEXEC_QUANTIZED_ROW(TNAME, T, GROUP, COLS, UNROLL)                                    \
-  extern "C" __global__ void memexec_quantized_row_##TNAME##_g##GROUP##_c##COLS##_u##UNROLL(    \
-      const T* x, const uint32_t* w, const T* scales, const T* biases, T* out, int n,           \
-      int groups) {                                                                             \
-    memexec_quantized_row<T, GROUP, COLS, UNROLL>(x, w, scales, biases, out, n, groups);       \
+#pragma unroll
+for (int c = 0; c < COLS; ++c) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < EPT / 2; ++j) {
+    const float2 p = memexec_float2(sums[c][j]);
+    sum += p.x;
+    sum += p.y;
   }
+  sum = cg::reduce(warp, sum, cg::plus<float>());
+  if (warp.thread_rank() == 0 && col0 + c < n) {
+    out[col0 + c] = T(sum);
+  }
+}
