@@ -43,7 +43,9 @@ const WARPS: i32 = 8;
 /// kernel text MLX assembles per call, the inputs and their shape arguments). With the kernel
 /// on every product the step was slower in 4 of 5 interleaved pairs
 /// (`benchmarks/2026-12-07-h100-session39/`). It pays where the device, not the host, bounds
-/// the step.
+/// the step. Called precompiled (`MEMEXEC_KERNEL_CALLS=precompiled`, [`super::precompiled`]) it
+/// carries no source text, shape arguments or template constants per call; whether that makes
+/// it pay on a host-bound step is not yet measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RowKernel {
