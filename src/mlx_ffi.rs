@@ -11,6 +11,9 @@
 //! - [`CudaKernel`]: MLX's custom CUDA kernels (`fast::cuda_kernel`), which mlx-rs does not
 //!   wrap; memexec's one-node decode attention on MLX CUDA
 //!   ([`crate::model::decode_attention`]) is one.
+//! - [`PrecompiledKernel`]: MLX's precompiled CUDA kernels (`fast::precompiled_cuda_kernel`,
+//!   through memexec's addition to the vendored MLX-C), which carry no source text per call
+//!   ([`crate::model::precompiled`]).
 //! - [`graph_census`]: MLX's `print_graph`, tallied by primitive, to count a step's nodes
 //!   without timing anything (the device's timings drift up to 2x between runs).
 //!
