@@ -213,9 +213,7 @@ impl CudaKernel {
             CString::new(s)
                 .map_err(|_| Error::InvalidArgument(format!("cuda kernel `{name}`: NUL in {s:?}")))
         };
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        std::hash::Hash::hash(&(source, header), &mut hasher);
-        let versioned = format!("{name}_{:016x}", std::hash::Hasher::finish(&hasher));
+        let versioned = versioned_name(name, &(source, header));
         let (c_name, c_source, c_header) = (c(&versioned)?, c(source)?, c(header)?);
         let c_inputs = inputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
         let c_outputs = outputs.iter().map(|s| c(s)).collect::<Result<Vec<_>>>()?;
@@ -356,6 +354,14 @@ impl CudaKernel {
             Ok(result)
         }
     }
+}
+
+/// `name` followed by a hash of `source`: the name a kernel is compiled under, so that MLX's
+/// kernel cache, looked up by name alone, never returns a module of another source.
+pub fn versioned_name(name: &str, source: &impl std::hash::Hash) -> String {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut hasher);
+    format!("{name}_{:016x}", std::hash::Hasher::finish(&hasher))
 }
 
 /// Where a module keeps its kernel: a `thread_local!` slot, filled on first use on the thread

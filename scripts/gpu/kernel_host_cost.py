@@ -105,14 +105,14 @@ def main():
     pre_trivial = PrecompiledKernel(name="hc_pre_trivial", input_names=["x"],
                                     output_names=["out"], source=copy)
     grid = dict(grid=(n // 32 * 32, 8, 1), threadgroup=(32, 8, 1))
+    row_template = [("T", mx.bfloat16), ("GROUP", 64), ("COLS", 4), ("UNROLL", 2)]
     one = dict(output_shapes=[(1, 1, n)], output_dtypes=[mx.bfloat16], grid=(512, 1, 1),
                threadgroup=(256, 1, 1))
     variants = {
         "mlx_qmv": lambda y: mx.quantized_matmul(y, w, s, b, transpose=True, group_size=64, bits=4),
         "mlx_rms_norm": lambda y: mx.fast.rms_norm(y, norm_w, 1e-6),
         "kernel_templated": lambda y: templated(
-            inputs=[y, w, s, b], template=[("T", mx.bfloat16), ("GROUP", 64), ("COLS", 4),
-                                           ("UNROLL", 2)],
+            inputs=[y, w, s, b], template=row_template,
             output_shapes=[(1, 1, n)], output_dtypes=[mx.bfloat16], **grid)[0],
         "kernel_baked": lambda y: baked(
             inputs=[y, w, s, b], output_shapes=[(1, 1, n)], output_dtypes=[mx.bfloat16],
@@ -124,10 +124,8 @@ def main():
         "trivial+4_inputs": lambda y: four_inputs(inputs=[y, w, s, b], **one)[0],
         "trivial+4_in+3_shapes": lambda y: shapes(inputs=[y, w, s, b], **one)[0],
         "trivial+4_templates": lambda y: templ(
-            inputs=[y], template=[("T", mx.bfloat16), ("GROUP", 64), ("COLS", 4), ("UNROLL", 2)],
-            **one)[0],
+            inputs=[y], template=row_template, **one)[0],
     }
-    row_template = [("T", mx.bfloat16), ("GROUP", 64), ("COLS", 4), ("UNROLL", 2)]
     variants["pre_templated"] = lambda y: pre_templated(
         inputs=[y, w, s, b], template=row_template, output_shapes=[(1, 1, n)],
         output_dtypes=[mx.bfloat16], **grid)[0]

@@ -27,7 +27,9 @@ use std::rc::Rc;
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
-use crate::mlx_ffi::{is_row_contiguous, mlx_version, CudaKernel, PrecompiledKernel, TemplateArg};
+use crate::mlx_ffi::{
+    is_row_contiguous, mlx_version, versioned_name, CudaKernel, PrecompiledKernel, TemplateArg,
+};
 
 /// How memexec calls its CUDA kernels (`MEMEXEC_KERNEL_CALLS`): `jit` (MLX's `cuda_kernel`,
 /// the default until the precompiled calls are measured on a device) or `precompiled`.
@@ -241,11 +243,7 @@ impl Kernel {
         if let Some(k) = self.forms.borrow().get(&key) {
             return k.clone();
         }
-        let symbol = format!(
-            "{}_{:016x}",
-            self.name,
-            hash_of(&(&key, &self.body, &self.header))
-        );
+        let symbol = versioned_name(&self.name, &(&key, &self.body, &self.header));
         let made = self
             .module_source(&symbol, inputs, outputs, template)
             .inspect(|source| dump(&symbol, source))
@@ -384,12 +382,6 @@ fn row_strides(shape: &[i32]) -> Vec<i64> {
         strides[i] = strides[i + 1] * i64::from(shape[i + 1]);
     }
     strides
-}
-
-fn hash_of(value: &impl std::hash::Hash) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    value.hash(&mut hasher);
-    std::hash::Hasher::finish(&hasher)
 }
 
 /// The compiled image of `source` (a module of `extern "C"` kernels, placed after MLX's default
