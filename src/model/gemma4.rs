@@ -12,11 +12,12 @@ use super::decode_attention::DecodeAttention;
 use super::linear::{Embedding, Linear, LinearShape};
 use super::linear_group::LinearGroup;
 use super::norm::RmsNorm;
+use super::residual_norm::add_normed;
 use super::rope::Rope;
 use super::trace::Trace;
 use super::weights::Weights;
 use super::ForwardCtx;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The input projections of an attention block.
 enum QkvProjections {
@@ -108,6 +109,8 @@ pub struct Gemma4 {
     per_layer_inputs: Option<PerLayerInputs>,
     lm_head: Option<Linear>,
     dtype: Dtype,
+    /// Residual updates as one kernel node each ([`super::residual_norm`]).
+    norm_kernel: bool,
 }
 
 /// The prefix of model tensors and the output head key, by checkpoint layout.
@@ -340,7 +343,15 @@ impl Gemma4 {
             per_layer_inputs,
             lm_head,
             dtype,
+            norm_kernel: false,
         })
+    }
+
+    /// Runs every residual update (norm, add, layer scalar, the next block's norm) as one
+    /// kernel node: for a model on MLX CUDA whose [`super::residual_norm::available`] said yes
+    /// on the thread that will run it.
+    pub fn use_norm_kernel(&mut self) {
+        self.norm_kernel = true;
     }
 
     /// Calls `f` on every linear module (not the tied head), in checkpoint order; the parts
@@ -485,9 +496,14 @@ impl Gemma4 {
         // built for it) and each row's RoPE offset, for the layers sharing them.
         let mut kvs: Vec<Option<(RowKv, Vec<i32>)>> = Vec::with_capacity(self.layers.len());
         let mut row_offsets: Option<RowOffsets> = None;
+        // The next layer's input norm, computed with the residual update that ends a layer.
+        let mut normed: Option<Array> = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
-            let x = layer.input_layernorm.forward(&h)?;
+            let x = match normed.take() {
+                Some(x) => x,
+                None => layer.input_layernorm.forward(&h)?,
+            };
             let (q, new_kv) = match &a.proj {
                 QkvProjections::Queries(q_proj) => (q_proj.forward(&x, ctx)?, None),
                 QkvProjections::Own {
@@ -557,32 +573,68 @@ impl Gemma4 {
                 t.record(format!("o.{i}"), &o);
             }
             let attn = a.o_proj.forward(&merge_heads(&o)?, ctx)?;
-            h = h.add(layer.post_attention_layernorm.forward(&attn)?)?;
+            let fused = self.norm_kernel;
+            let (h1, x2) = add_normed(
+                &h,
+                &attn,
+                &layer.post_attention_layernorm,
+                None,
+                Some(&layer.pre_feedforward_layernorm),
+                fused,
+            )?;
+            let x2 = x2.ok_or_else(|| Error::Internal("residual norm: no next norm".into()))?;
+            let m = layer.mlp.forward(&x2, ctx)?;
 
-            let m = layer
-                .mlp
-                .forward(&layer.pre_feedforward_layernorm.forward(&h)?, ctx)?;
-            h = h.add(layer.post_feedforward_layernorm.forward(&m)?)?;
-
-            if let (Some(br), Some(pin)) = (&layer.per_layer, &per_layer_in) {
-                let g = gelu_approx(&br.per_layer_input_gate.forward(&h, ctx)?)?;
-                let g = g.multiply(pin.try_index((.., .., i as i32, ..))?)?;
-                let g = br.per_layer_projection.forward(&g, ctx)?;
-                h = h.add(br.post_per_layer_input_norm.forward(&g)?)?;
-            }
-            h = h.multiply(&layer.layer_scalar)?;
+            // The update that ends the layer also scales by the layer scalar and norms for the
+            // next layer (or, for a one-position forward's last layer, for the output head).
+            let next_norm = match self.layers.get(i + 1) {
+                Some(next) => Some(&next.input_layernorm),
+                None if l == 1 => Some(&self.norm),
+                None => None,
+            };
+            let scalar = Some(&layer.layer_scalar);
+            (h, normed) = match (&layer.per_layer, &per_layer_in) {
+                (Some(br), Some(pin)) => {
+                    let (h2, _) = add_normed(
+                        &h1,
+                        &m,
+                        &layer.post_feedforward_layernorm,
+                        None,
+                        None,
+                        fused,
+                    )?;
+                    let g = gelu_approx(&br.per_layer_input_gate.forward(&h2, ctx)?)?;
+                    let g = g.multiply(pin.try_index((.., .., i as i32, ..))?)?;
+                    let g = br.per_layer_projection.forward(&g, ctx)?;
+                    add_normed(
+                        &h2,
+                        &g,
+                        &br.post_per_layer_input_norm,
+                        scalar,
+                        next_norm,
+                        fused,
+                    )?
+                }
+                _ => add_normed(
+                    &h1,
+                    &m,
+                    &layer.post_feedforward_layernorm,
+                    scalar,
+                    next_norm,
+                    fused,
+                )?,
+            };
             if let Some(t) = trace.as_mut() {
                 t.record(format!("h.{i}"), &h);
             }
         }
 
         // Only the last position's logits are needed: norm and head are row-wise.
-        let last = if l > 1 {
-            h.try_index((.., l - 1.., ..))?
-        } else {
-            h
+        let last = match normed {
+            Some(last) => last,
+            None if l > 1 => self.norm.forward(&h.try_index((.., l - 1.., ..))?)?,
+            None => self.norm.forward(&h)?,
         };
-        let last = self.norm.forward(&last)?;
         let mut logits = match &self.lm_head {
             Some(head) => head.forward(&last, ctx)?,
             None => self.embed_tokens.as_linear(&last, ctx)?,

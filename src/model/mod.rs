@@ -24,6 +24,7 @@ pub mod norm;
 pub mod precompiled;
 pub mod quantized_row;
 pub mod quantized_rows;
+pub mod residual_norm;
 pub mod rope;
 pub mod row_kernel;
 pub mod slot_attention;
@@ -137,19 +138,24 @@ pub struct LoadOptions {
     /// Which one-row products run through memexec's kernel where it runs and matches MLX
     /// ([`quantized_row::RowKernel`]; off by default).
     pub row_kernel: quantized_row::RowKernel,
+    /// Run each residual update of a Gemma-4 layer as one kernel node where it runs and
+    /// matches MLX ([`residual_norm`]; off by default).
+    pub norm_kernel: bool,
 }
 
 impl LoadOptions {
     /// `weights`, fusing projections unless `MEMEXEC_FUSE_PROJECTIONS=0`
     /// ([`linear_group::fuse_projections_default`]), decode attention as
     /// [`DecodeAttention::from_env`] says, one-row products as
-    /// [`quantized_row::RowKernel::from_env`] says.
+    /// [`quantized_row::RowKernel::from_env`] says, residual updates as
+    /// [`residual_norm::asked`] says.
     pub fn new(weights: WeightChoice) -> LoadOptions {
         LoadOptions {
             weights,
             fuse_projections: linear_group::fuse_projections_default(),
             decode_attention: DecodeAttention::from_env(),
             row_kernel: quantized_row::RowKernel::from_env(),
+            norm_kernel: residual_norm::asked(),
         }
     }
 }
@@ -185,6 +191,10 @@ pub struct ModelInfo {
     /// [`quantized_row::available`] says it runs and matches MLX, else none (see
     /// [`ForwardCtx::row_kernel`]).
     pub row_kernel: quantized_row::RowKernel,
+    /// Whether a Gemma-4 layer's residual updates run as one kernel node each: as
+    /// [`LoadOptions::norm_kernel`] asks (off by default) on a GPU where
+    /// [`residual_norm::available`] says it runs and matches MLX.
+    pub norm_kernel: bool,
 }
 
 enum Arch {
@@ -219,6 +229,7 @@ impl Model {
             fuse_projections: fuse,
             decode_attention,
             row_kernel,
+            norm_kernel,
         } = opts;
         let cfg = ModelConfig::load(dir)?;
         let mut w = weights::Weights::load(dir)?;
@@ -248,7 +259,7 @@ impl Model {
         }
         // After sanitize every remaining tensor must be used (checked by `finish`).
         let weight_bytes = w.nbytes();
-        let arch = match &cfg.arch {
+        let mut arch = match &cfg.arch {
             ArchConfig::Gemma4(c) => {
                 let m = gemma4::Gemma4::load(c.clone(), &cfg.quant, &mut w, wrapped, fuse)?;
                 Arch::Gemma4(Box::new(m))
@@ -295,6 +306,18 @@ impl Model {
                 asked
             }
         };
+        let norm_kernel = match &mut arch {
+            Arch::Gemma4(m) if norm_kernel && !facts.cpu && residual_norm::available() => {
+                m.use_norm_kernel();
+                tracing::info!("residual updates: one kernel node each");
+                true
+            }
+            Arch::Gemma4(_) if norm_kernel && facts.cpu => {
+                tracing::info!("residual updates: the kernel is CUDA's, MLX runs on the CPU");
+                false
+            }
+            _ => false,
+        };
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),
             eos_token_ids: cfg.eos_token_ids.clone(),
@@ -308,6 +331,7 @@ impl Model {
             fused_groups,
             decode_attention,
             row_kernel,
+            norm_kernel,
         };
         let mut model = Model {
             arch,

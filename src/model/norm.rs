@@ -26,6 +26,24 @@ impl RmsNorm {
         RmsNorm { weight: None, eps }
     }
 
+    /// A norm with this `[dim]` weight (for the kernels' self-checks and tests).
+    pub fn from_weight(weight: Array, eps: f32) -> RmsNorm {
+        RmsNorm {
+            weight: Some(weight),
+            eps,
+        }
+    }
+
+    /// The learned scale, if any.
+    pub fn weight(&self) -> Option<&Array> {
+        self.weight.as_ref()
+    }
+
+    /// The epsilon added to the mean square.
+    pub fn eps(&self) -> f32 {
+        self.eps
+    }
+
     /// Normalizes over the last axis.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(rms_norm(x, self.weight.as_ref(), self.eps)?)

@@ -553,6 +553,7 @@ pub fn run(args: Args) -> Result<()> {
         "shared_kv": probe.shared_kv(),
         "decode_attention": backend.model().info().decode_attention,
         "row_kernel": backend.model().info().row_kernel,
+        "norm_kernel": backend.model().info().norm_kernel,
         "kernel_calls": memexec::model::precompiled::Calls::from_env(),
         "values_kernel": memexec::model::values_product::used_with(
             backend.model().info().decode_attention,

@@ -1,0 +1,33 @@
+# session 41, call 4 (the machine of call 3, warm): the bits of the precompiled calls and of the
+# revived residual-norm kernel, then end-to-end parity and EXTRACT with them.
+#   1. residual_norm.py --quick, precompiled calls (bit-equality, batch independence; the
+#      `plain` variant is a control that must differ);
+#   2. quantized_row.py, precompiled calls, tiles 4x2 and 1x4 (the two memexec uses);
+#   3. e4b_parity.py: memexec with $CAND (default: precompiled calls + the norm kernel) vs
+#      mlx-lm greedy ids;
+#   4. one mlx-lm serial decode (the 400-id prompt, 128 tokens): the ratio's denominator on this
+#      host;
+#   5. EXTRACT at width 8, 2 reps, the default binary and then with $CAND.
+set -u
+export MLX_CUDA_GRAPH_CACHE_SIZE=4096
+CAND=${CAND:-MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1}
+stamp() { echo "--- $(date -u +%T) $*"; }
+stamp residual-norm
+timeout 120 $PY scripts/gpu/residual_norm.py --quick --variant literal,plain \
+  --out "$OUT/residual-norm.json" 2>&1 | grep -v transformers | tail -8
+stamp quantized-row
+timeout 150 $PY scripts/gpu/quantized_row.py --variants 4x2,1x4 --reps 5 --out "$OUT/qrow.json" 2>&1 |
+  grep -v transformers | tail -8
+stamp "e4b parity ($CAND)"
+env $CAND timeout 200 $PY scripts/gpu/e4b_parity.py "$MEMEXEC" "$E4B" "$OUT/e4b-parity.json" \
+  --lengths 23,100,400 --tokens 32 2>&1 | grep -v transformers | tail -8
+P400=$($PY -c "import random;r=random.Random(0);print(','.join(str(r.randrange(3,200000)) for _ in range(400)))")
+stamp mlx-lm
+echo "mlx-lm $(timeout 120 $PY scripts/gpu/mlxlm_decode_speed.py "$E4B" --prompt-ids "$P400" --tokens 128 --reps 1 2>&1 | tail -1)"
+for arm in default cand; do
+  stamp "extract $arm"
+  if [ $arm = default ]; then envs=""; else envs=$CAND; fi
+  env $envs timeout 120 $MEMEXEC bench --model "$E4B" --workloads EXTRACT --widths 8 --reps 2 \
+    --no-mlx-lm --json-out "$OUT/extract-w8-$arm.json" 2>&1 | tail -4
+done
+stamp done
