@@ -13,21 +13,29 @@ export MLX_CUDA_GRAPH_CACHE_SIZE=4096
 CAND=${CAND:-MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1}
 stamp() { echo "--- $(date -u +%T) $*"; }
 stamp residual-norm
+# Each step writes its whole output to a file under $OUT (kept if the call is cut off: a pipe
+# through `tail` would lose it, session 20), then shows its end.
 timeout 120 $PY scripts/gpu/residual_norm.py --quick --variant literal,plain \
-  --out "$OUT/residual-norm.json" 2>&1 | grep -v transformers | tail -8
+  --out "$OUT/residual-norm.json" > "$OUT/residual-norm.log" 2>&1
+tail -6 "$OUT/residual-norm.log"
 stamp quantized-row
-timeout 150 $PY scripts/gpu/quantized_row.py --variants 4x2,1x4 --reps 5 --out "$OUT/qrow.json" 2>&1 |
-  grep -v transformers | tail -8
+timeout 150 $PY scripts/gpu/quantized_row.py --variants 4x2,1x4 --reps 5 --out "$OUT/qrow.json" \
+  > "$OUT/qrow.log" 2>&1
+tail -8 "$OUT/qrow.log"
 stamp "e4b parity ($CAND)"
 env $CAND timeout 200 $PY scripts/gpu/e4b_parity.py "$MEMEXEC" "$E4B" "$OUT/e4b-parity.json" \
-  --lengths 23,100,400 --tokens 32 2>&1 | grep -v transformers | tail -8
+  --lengths 23,100,400 --tokens 32 > "$OUT/e4b-parity.log" 2>&1
+grep -v transformers "$OUT/e4b-parity.log" | tail -8
 P400=$($PY -c "import random;r=random.Random(0);print(','.join(str(r.randrange(3,200000)) for _ in range(400)))")
 stamp mlx-lm
-echo "mlx-lm $(timeout 120 $PY scripts/gpu/mlxlm_decode_speed.py "$E4B" --prompt-ids "$P400" --tokens 128 --reps 1 2>&1 | tail -1)"
+timeout 120 $PY scripts/gpu/mlxlm_decode_speed.py "$E4B" --prompt-ids "$P400" --tokens 128 --reps 1 \
+  > "$OUT/mlxlm-decode.log" 2>&1
+echo "mlx-lm $(tail -1 "$OUT/mlxlm-decode.log")"
 for arm in default cand; do
   stamp "extract $arm"
   if [ $arm = default ]; then envs=""; else envs=$CAND; fi
   env $envs timeout 120 $MEMEXEC bench --model "$E4B" --workloads EXTRACT --widths 8 --reps 2 \
-    --no-mlx-lm --json-out "$OUT/extract-w8-$arm.json" 2>&1 | tail -4
+    --no-mlx-lm --json-out "$OUT/extract-w8-$arm.json" > "$OUT/extract-w8-$arm.log" 2>&1
+  tail -4 "$OUT/extract-w8-$arm.log"
 done
 stamp done

@@ -18,9 +18,13 @@ The tokenizer is the real Gemma-3 one with the Gemma-4 turn tokens (ids 100/101/
 renamed), i.e. the folder .deps/tokenizers/gemma4 of the setup: pass it with --tokenizer.
 
 Usage:
-  make_e4b_random.py OUT --tokenizer DIR [--seed 0] [--scale-down] [--shard-gb 2] [--check]
+  make_e4b_random.py OUT --tokenizer DIR [--seed 0] [--scale-down] [--layers N] [--shard-gb 2]
+                   [--check]
     --scale-down   a small model of the same structure (12 layers, hidden 256, vocab kept)
                    for CPU smoke tests of this script
+    --layers N     with --scale-down: N layers (a multiple of 6; KV-shared in e4b's proportion,
+                   18 of 42), e.g. 42 for a graph of the e4b's depth: a decode step's nodes
+                   and host build time on the CPU, at a small model's compute
     --check        load OUT with mlx_lm.load afterwards and greedy-decode a few prompts
                    (prints distinct-token counts: a degenerate model repeats one token;
                    recorded in OUT/generator.json, not fatal)
@@ -42,9 +46,11 @@ GROUP, BITS = 64, 4
 CHUNK_ELEMS = 1 << 27  # ~128M elements per generated chunk (512 MB in f32)
 
 
-def text_config(scale_down: bool) -> dict:
+def text_config(scale_down: bool, layers: int = 12) -> dict:
     if scale_down:
-        n_layers, shared = 12, 5
+        if layers < 6 or layers % 6:
+            raise SystemExit(f"--layers {layers}: a multiple of 6 (5 sliding + 1 full)")
+        n_layers, shared = layers, 5 if layers == 12 else round(layers * 18 / 42)
         dims = dict(hidden_size=256, intermediate_size=1024, head_dim=64, global_head_dim=128,
                     hidden_size_per_layer_input=64)
     else:
@@ -178,10 +184,11 @@ class ShardWriter:
         return n
 
 
-def build(out: Path, tok_dir: Path, seed: int, scale_down: bool, shard_gb: float):
+def build(out: Path, tok_dir: Path, seed: int, scale_down: bool, shard_gb: float,
+          layers: int = 12):
     from mlx_lm.models import gemma4
 
-    tc = text_config(scale_down)
+    tc = text_config(scale_down, layers)
     cfg = top_config(tc)
     if out.exists():
         shutil.rmtree(out)
@@ -276,13 +283,16 @@ def main():
                     "tokenizer_config.json, chat_template.jinja (Gemma-4 turn tokens)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale-down", action="store_true")
+    ap.add_argument("--layers", type=int, default=12, help="with --scale-down (see above)")
     ap.add_argument("--shard-gb", type=float, default=2.0)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--device", choices=["cpu", "gpu"])
     a = ap.parse_args()
     if a.device:
         mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
-    info = build(a.out, a.tokenizer, a.seed, a.scale_down, a.shard_gb)
+    if a.layers != 12 and not a.scale_down:
+        raise SystemExit("--layers goes with --scale-down (the e4b has 42)")
+    info = build(a.out, a.tokenizer, a.seed, a.scale_down, a.shard_gb, a.layers)
     if a.check:
         info["check"] = check(a.out)
         (a.out / "generator.json").write_text(json.dumps(

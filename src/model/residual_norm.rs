@@ -24,8 +24,8 @@ use std::rc::Rc;
 use mlx_rs::{Array, Dtype};
 
 use super::norm::RmsNorm;
-use crate::error::{Error, Result};
 use super::precompiled::Kernel;
+use crate::error::{Error, Result};
 use crate::mlx_ffi::{kernel_in, TemplateArg};
 
 const SOURCE: &str = include_str!("kernels/residual_norm.cu");
@@ -331,7 +331,7 @@ mod tests {
         assert!(out.eq_values(&want).unwrap());
         assert!(normed
             .unwrap()
-            .eq_values(&next.forward(&want).unwrap())
+            .eq_values(next.forward(&want).unwrap())
             .unwrap());
         // y = [4, 0, -4, 2]: rms = sqrt(9) = 3, so norm(y) = w * y / 3.
         let got: Vec<f32> = out.as_slice().to_vec();
