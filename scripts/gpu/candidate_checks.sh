@@ -1,20 +1,25 @@
-# session 41, call 4 (the machine of call 3, warm): the bits of the precompiled calls and of the
-# revived residual-norm kernel, then end-to-end parity and EXTRACT with them.
+#!/usr/bin/env bash
+# Runs ON the GPU machine, through remote.sh, after kernel_calls_ab.sh (same warm machine): the
+# bits of a candidate configuration's kernels, then end-to-end parity and EXTRACT with it.
 #   1. residual_norm.py --quick, precompiled calls (bit-equality, batch independence; the
 #      `plain` variant is a control that must differ);
 #   2. quantized_row.py, precompiled calls, tiles 4x2 and 1x4 (the two memexec uses);
-#   3. e4b_parity.py: memexec with $CAND (default: precompiled calls + the norm kernel) vs
-#      mlx-lm greedy ids;
+#   3. e4b_parity.py: memexec with $CAND (default: precompiled calls + the residual-norm kernel,
+#      MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1) vs mlx-lm greedy ids;
 #   4. one mlx-lm serial decode (the 400-id prompt, 128 tokens): the ratio's denominator on this
 #      host;
-#   5. EXTRACT at width 8, 2 reps, the default binary and then with $CAND.
+#   5. EXTRACT at width 8, 2 reps, the default configuration and then $CAND (issue #8's
+#      target (2) must still hold: batched faster than serial, the same tokens).
+# Each step writes its whole output to a file under $OUT (kept if the call is cut off: a pipe
+# through `tail` would lose it, session 20), then shows its end.
+# Usage (device tool): bash scripts/gpu/remote.sh 'bash scripts/gpu/candidate_checks.sh'
+#   (CAND='...' before `bash` to check another configuration). Budget (session 39's H100
+#   figures): ~30 + 60 + 100 + 30 + 2 x 60 s, about 350 s; each step is capped by `timeout`.
 set -u
 export MLX_CUDA_GRAPH_CACHE_SIZE=4096
 CAND=${CAND:-MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1}
 stamp() { echo "--- $(date -u +%T) $*"; }
 stamp residual-norm
-# Each step writes its whole output to a file under $OUT (kept if the call is cut off: a pipe
-# through `tail` would lose it, session 20), then shows its end.
 timeout 120 $PY scripts/gpu/residual_norm.py --quick --variant literal,plain \
   --out "$OUT/residual-norm.json" > "$OUT/residual-norm.log" 2>&1
 tail -6 "$OUT/residual-norm.log"
