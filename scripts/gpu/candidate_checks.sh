@@ -4,8 +4,9 @@
 #   1. residual_norm.py --quick, precompiled calls (bit-equality, batch independence; the
 #      `plain` variant is a control that must differ);
 #   2. quantized_row.py, precompiled calls, tiles 4x2 and 1x4 (the two memexec uses);
-#   3. e4b_parity.py: memexec with $CAND (default: precompiled calls + the residual-norm kernel,
-#      MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1) vs mlx-lm greedy ids;
+#   3. e4b_parity.py: memexec with $CAND (default: precompiled calls + the residual-norm and
+#      head-norm kernels, MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1
+#      MEMEXEC_HEAD_NORM_KERNEL=1) vs mlx-lm greedy ids;
 #   4. one mlx-lm serial decode (the 400-id prompt, 128 tokens): the ratio's denominator on this
 #      host;
 #   5. EXTRACT at width 8, 2 reps, the default configuration and then $CAND (issue #8's
@@ -17,7 +18,7 @@
 #   figures): ~30 + 60 + 100 + 30 + 2 x 60 s, about 350 s; each step is capped by `timeout`.
 set -u
 export MLX_CUDA_GRAPH_CACHE_SIZE=4096
-CAND=${CAND:-MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1}
+CAND=${CAND:-MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1 MEMEXEC_HEAD_NORM_KERNEL=1}
 stamp() { echo "--- $(date -u +%T) $*"; }
 stamp residual-norm
 timeout 120 $PY scripts/gpu/residual_norm.py --quick --variant literal,plain \

@@ -10,9 +10,11 @@
 #        pre           MEMEXEC_KERNEL_CALLS=precompiled  MEMEXEC_ROW_KERNEL=off
 #        pre-all       MEMEXEC_KERNEL_CALLS=precompiled  MEMEXEC_ROW_KERNEL=all
 #        pre-norm      pre + MEMEXEC_NORM_KERNEL=1 (residual updates as one kernel node each)
+#        pre-norms     pre-norm + MEMEXEC_HEAD_NORM_KERNEL=1 (a layer's q/k/v head norms as one
+#                      kernel node too)
 #        pre-all-norm  pre-all + MEMEXEC_NORM_KERNEL=1
 #        jit-norm      jit + MEMEXEC_NORM_KERNEL=1 (session 10's form, for contrast)
-#      ($ARMS picks them, default "jit pre pre-all pre-norm pre-all-norm"), each run printing
+#      ($ARMS picks them, default "jit pre pre-all pre-norm pre-norms"), each run printing
 #      tok/s, the build / queue / wait profile per step, the kernels in use and the ids' hash,
 #      which must be the same in every arm (the same tokens).
 # Usage (device tool): bash scripts/gpu/remote.sh 'bash scripts/gpu/kernel_calls_ab.sh [ROUNDS]
@@ -20,7 +22,7 @@
 #   ~50 s per first run, ~20 s per run after.
 set -u
 ROUNDS=${1:-2}
-ARMS=${ARMS:-jit pre pre-all pre-norm pre-all-norm}
+ARMS=${ARMS:-jit pre pre-all pre-norm pre-norms}
 export MLX_CUDA_GRAPH_CACHE_SIZE=4096
 stamp() { echo "--- $(date -u +%T) $*"; }
 if [ "${2:-}" != "--no-host-cost" ]; then
@@ -30,7 +32,7 @@ fi
 P400=$("$PY" -c "import random;r=random.Random(0);print(','.join(str(r.randrange(3,200000)) for _ in range(400)))")
 GEN="$MEMEXEC generate --model $E4B --prompt-ids $P400 --max-tokens 128 --ignore-eos --json"
 show() {
-  "$PY" -c "import json,sys,hashlib;d=json.load(sys.stdin);print('$1', round(d['decode_tokens_per_s'],1), 'tok/s, prefill', round(d['prefill_tokens_per_s']), {k:round(v,2) for k,v in d['decode_profile_ms_per_step'].items()}, 'row_kernel', d.get('row_kernel'), 'norm_kernel', d.get('norm_kernel'), 'calls', d.get('kernel_calls'), 'ids', hashlib.sha1(str(d['ids']).encode()).hexdigest()[:10])"
+  "$PY" -c "import json,sys,hashlib;d=json.load(sys.stdin);print('$1', round(d['decode_tokens_per_s'],1), 'tok/s, prefill', round(d['prefill_tokens_per_s']), {k:round(v,2) for k,v in d['decode_profile_ms_per_step'].items()}, 'row_kernel', d.get('row_kernel'), 'norm_kernel', d.get('norm_kernel'), 'head_norm_kernel', d.get('head_norm_kernel'), 'calls', d.get('kernel_calls'), 'ids', hashlib.sha1(str(d['ids']).encode()).hexdigest()[:10])"
 }
 arm() {
   case $1 in
@@ -38,6 +40,7 @@ arm() {
     pre) echo "MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_ROW_KERNEL=off" ;;
     pre-all) echo "MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_ROW_KERNEL=all" ;;
     pre-norm) echo "MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_ROW_KERNEL=off MEMEXEC_NORM_KERNEL=1" ;;
+    pre-norms) echo "MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_ROW_KERNEL=off MEMEXEC_NORM_KERNEL=1 MEMEXEC_HEAD_NORM_KERNEL=1" ;;
     pre-all-norm) echo "MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_ROW_KERNEL=all MEMEXEC_NORM_KERNEL=1" ;;
     jit-norm) echo "MEMEXEC_KERNEL_CALLS=jit MEMEXEC_ROW_KERNEL=off MEMEXEC_NORM_KERNEL=1" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
@@ -46,7 +49,7 @@ arm() {
 for a in $ARMS; do
   stamp "first $a"
   env $(arm $a) RUST_LOG=memexec=info timeout 150 $GEN 2>"/tmp/kc-$a.log" | show "first $a"
-  grep -i "warn\|unavailable\|precompiled\|residual" "/tmp/kc-$a.log" | head -5
+  grep -i "warn\|unavailable\|precompiled\|residual\|head norms" "/tmp/kc-$a.log" | head -5
 done
 for i in $(seq 1 "$ROUNDS"); do
   for a in $ARMS; do

@@ -9,6 +9,7 @@ use super::attention::{attend_rows, merge_heads, split_heads, AttentionForm, Row
 use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::decode_attention::DecodeAttention;
+use super::head_norms::{norm_heads, HeadNorms};
 use super::linear::{Embedding, Linear, LinearShape};
 use super::linear_group::LinearGroup;
 use super::norm::RmsNorm;
@@ -111,6 +112,8 @@ pub struct Gemma4 {
     dtype: Dtype,
     /// Residual updates as one kernel node each ([`super::residual_norm`]).
     norm_kernel: bool,
+    /// A layer's q/k/v head norms as one kernel node ([`super::head_norms`]).
+    head_norm_kernel: bool,
 }
 
 /// The prefix of model tensors and the output head key, by checkpoint layout.
@@ -344,6 +347,7 @@ impl Gemma4 {
             lm_head,
             dtype,
             norm_kernel: false,
+            head_norm_kernel: false,
         })
     }
 
@@ -352,6 +356,13 @@ impl Gemma4 {
     /// on the thread that will run it.
     pub fn use_norm_kernel(&mut self) {
         self.norm_kernel = true;
+    }
+
+    /// Norms the query / key / value heads of a layer with its own keys and values in one
+    /// kernel node: for a model on MLX CUDA whose [`super::head_norms::available`] said yes on
+    /// the thread that will run it.
+    pub fn use_head_norm_kernel(&mut self) {
+        self.head_norm_kernel = true;
     }
 
     /// Calls `f` on every linear module (not the tied head), in checkpoint order; the parts
@@ -505,20 +516,29 @@ impl Gemma4 {
                 None => layer.input_layernorm.forward(&h)?,
             };
             let (q, new_kv) = match &a.proj {
-                QkvProjections::Queries(q_proj) => (q_proj.forward(&x, ctx)?, None),
+                QkvProjections::Queries(q_proj) => {
+                    let q = q_proj.forward(&x, ctx)?;
+                    let q = split_heads(&q, a.n_heads, a.head_dim, |q| a.q_norm.forward(q))?;
+                    (q, None)
+                }
                 QkvProjections::Own {
                     qkv,
                     k_norm,
                     v_norm,
                 } => {
                     let [q, k, v] = qkv.forward(&x, ctx)?;
-                    let (nkv, hd) = (a.n_kv_heads, a.head_dim);
-                    let k = split_heads(&k, nkv, hd, |k| k_norm.forward(k))?;
-                    let v = split_heads(&v, nkv, hd, |v| v_norm.forward(v))?;
+                    let norms = HeadNorms {
+                        heads: a.n_heads,
+                        kv_heads: a.n_kv_heads,
+                        head_dim: a.head_dim,
+                        q: &a.q_norm,
+                        k: k_norm,
+                        v: v_norm,
+                    };
+                    let [q, k, v] = norm_heads(&q, &k, &v, &norms, self.head_norm_kernel)?;
                     (q, Some((k, v)))
                 }
             };
-            let q = split_heads(&q, a.n_heads, a.head_dim, |q| a.q_norm.forward(q))?;
             // Each row's RoPE offset: its cache's, or that of the layer it shares keys with.
             let offsets: Vec<i32> = match &new_kv {
                 Some(_) => caches

@@ -18,6 +18,7 @@ pub mod config;
 pub mod decode_attention;
 pub mod gemma3;
 pub mod gemma4;
+pub mod head_norms;
 pub mod linear;
 pub mod linear_group;
 pub mod norm;
@@ -141,6 +142,9 @@ pub struct LoadOptions {
     /// Run each residual update of a Gemma-4 layer as one kernel node where it runs and
     /// matches MLX ([`residual_norm`]; off by default).
     pub norm_kernel: bool,
+    /// Norm a Gemma-4 layer's query / key / value heads in one kernel node where it runs and
+    /// matches MLX ([`head_norms`]; off by default).
+    pub head_norm_kernel: bool,
 }
 
 impl LoadOptions {
@@ -148,7 +152,7 @@ impl LoadOptions {
     /// ([`linear_group::fuse_projections_default`]), decode attention as
     /// [`DecodeAttention::from_env`] says, one-row products as
     /// [`quantized_row::RowKernel::from_env`] says, residual updates as
-    /// [`residual_norm::asked`] says.
+    /// [`residual_norm::asked`] says, head norms as [`head_norms::asked`] says.
     pub fn new(weights: WeightChoice) -> LoadOptions {
         LoadOptions {
             weights,
@@ -156,6 +160,7 @@ impl LoadOptions {
             decode_attention: DecodeAttention::from_env(),
             row_kernel: quantized_row::RowKernel::from_env(),
             norm_kernel: residual_norm::asked(),
+            head_norm_kernel: head_norms::asked(),
         }
     }
 }
@@ -195,6 +200,10 @@ pub struct ModelInfo {
     /// [`LoadOptions::norm_kernel`] asks (off by default) on a GPU where
     /// [`residual_norm::available`] says it runs and matches MLX.
     pub norm_kernel: bool,
+    /// Whether a Gemma-4 layer's query / key / value head norms run as one kernel node: as
+    /// [`LoadOptions::head_norm_kernel`] asks (off by default) on a GPU where
+    /// [`head_norms::available`] says it runs and matches MLX.
+    pub head_norm_kernel: bool,
 }
 
 enum Arch {
@@ -230,6 +239,7 @@ impl Model {
             decode_attention,
             row_kernel,
             norm_kernel,
+            head_norm_kernel,
         } = opts;
         let cfg = ModelConfig::load(dir)?;
         let mut w = weights::Weights::load(dir)?;
@@ -318,6 +328,18 @@ impl Model {
             }
             _ => false,
         };
+        let head_norm_kernel = match &mut arch {
+            Arch::Gemma4(m) if head_norm_kernel && !facts.cpu && head_norms::available() => {
+                m.use_head_norm_kernel();
+                tracing::info!("head norms: one kernel node per layer");
+                true
+            }
+            Arch::Gemma4(_) if head_norm_kernel && facts.cpu => {
+                tracing::info!("head norms: the kernel is CUDA's, MLX runs on the CPU");
+                false
+            }
+            _ => false,
+        };
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),
             eos_token_ids: cfg.eos_token_ids.clone(),
@@ -332,6 +354,7 @@ impl Model {
             decode_attention,
             row_kernel,
             norm_kernel,
+            head_norm_kernel,
         };
         let mut model = Model {
             arch,

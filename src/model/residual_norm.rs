@@ -200,11 +200,12 @@ fn fused(
 /// Whether `MEMEXEC_NORM_KERNEL` asks for the kernel (`1` / `on`, any case): off by default,
 /// see the module doc.
 pub fn asked() -> bool {
-    parse(std::env::var("MEMEXEC_NORM_KERNEL").ok().as_deref())
+    parse_switch(std::env::var("MEMEXEC_NORM_KERNEL").ok().as_deref())
 }
 
-/// [`asked`]'s reading of a value.
-fn parse(value: Option<&str>) -> bool {
+/// How an opt-in kernel's variable reads: `1` / `on` (any case, spaces around) turn it on,
+/// anything else, or nothing, leaves it off.
+pub(super) fn parse_switch(value: Option<&str>) -> bool {
     matches!(
         value.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
         Some("1" | "on")
@@ -357,8 +358,8 @@ mod tests {
 
     #[test]
     fn only_one_and_on_ask_for_the_kernel() {
-        assert!(parse(Some("1")) && parse(Some(" ON ")));
-        assert!(!parse(None) && !parse(Some("0")) && !parse(Some("all")));
+        assert!(parse_switch(Some("1")) && parse_switch(Some(" ON ")));
+        assert!(!parse_switch(None) && !parse_switch(Some("0")) && !parse_switch(Some("all")));
     }
 
     #[test]

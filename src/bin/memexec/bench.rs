@@ -554,6 +554,7 @@ pub fn run(args: Args) -> Result<()> {
         "decode_attention": backend.model().info().decode_attention,
         "row_kernel": backend.model().info().row_kernel,
         "norm_kernel": backend.model().info().norm_kernel,
+        "head_norm_kernel": backend.model().info().head_norm_kernel,
         "kernel_calls": memexec::model::precompiled::Calls::from_env(),
         "values_kernel": memexec::model::values_product::used_with(
             backend.model().info().decode_attention,

@@ -199,6 +199,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "decode_attention": model.info().decode_attention,
             "row_kernel": model.info().row_kernel,
             "norm_kernel": model.info().norm_kernel,
+            "head_norm_kernel": model.info().head_norm_kernel,
             "kernel_calls": memexec::model::precompiled::Calls::from_env(),
             "prefill_tokens_per_s": prefill_tps,
             "decode_tokens_per_s": decode_tps,
