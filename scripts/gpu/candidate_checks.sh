@@ -3,7 +3,9 @@
 # bits of a candidate configuration's kernels, then end-to-end parity and EXTRACT with it.
 #   1. residual_norm.py --quick, precompiled calls (bit-equality, batch independence; the
 #      `plain` variant is a control that must differ);
-#   2. quantized_row.py, precompiled calls, tiles 4x2 and 1x4 (the two memexec uses);
+#   2. head_norms.py --quick, precompiled calls (the `nofma` variant: a control that must
+#      differ), then quantized_row.py, precompiled calls, tiles 4x2 and 1x4 (the two memexec
+#      uses);
 #   3. e4b_parity.py: memexec with $CAND (default: precompiled calls + the residual-norm and
 #      head-norm kernels, MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1
 #      MEMEXEC_HEAD_NORM_KERNEL=1) vs mlx-lm greedy ids;
@@ -15,7 +17,7 @@
 # through `tail` would lose it, session 20), then shows its end.
 # Usage (device tool): bash scripts/gpu/remote.sh 'bash scripts/gpu/candidate_checks.sh'
 #   (CAND='...' before `bash` to check another configuration). Budget (session 39's H100
-#   figures): ~30 + 60 + 100 + 30 + 2 x 60 s, about 350 s; each step is capped by `timeout`.
+#   figures): ~30 + 30 + 60 + 100 + 30 + 2 x 60 s, about 380 s; each step is capped by `timeout`.
 set -u
 export MLX_CUDA_GRAPH_CACHE_SIZE=4096
 CAND=${CAND:-MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_NORM_KERNEL=1 MEMEXEC_HEAD_NORM_KERNEL=1}
@@ -24,6 +26,10 @@ stamp residual-norm
 timeout 120 $PY scripts/gpu/residual_norm.py --quick --variant literal,plain \
   --out "$OUT/residual-norm.json" > "$OUT/residual-norm.log" 2>&1
 tail -6 "$OUT/residual-norm.log"
+stamp head-norms
+timeout 120 $PY scripts/gpu/head_norms.py --quick --variant literal,nofma \
+  --out "$OUT/head-norms.json" > "$OUT/head-norms.log" 2>&1
+tail -5 "$OUT/head-norms.log"
 stamp quantized-row
 timeout 150 $PY scripts/gpu/quantized_row.py --variants 4x2,1x4 --reps 5 --out "$OUT/qrow.json" \
   > "$OUT/qrow.log" 2>&1
