@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The GPU machine's scripts (scripts/gpu, scripts/bench), checked here so that no device time is
+# spent on a typo: every shell script parses, every Python script compiles, and the device
+# checks build the same kernel modules memexec builds (module_source_check.py, on the modules
+# the library's self-checks write when called precompiled).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=.deps/venv/bin/python
+for s in scripts/gpu/*.sh; do
+  bash -n "$s"
+done
+"$PY" -m py_compile scripts/gpu/*.py scripts/bench/*.py
+DUMP=$(mktemp -d)
+trap 'rm -rf "$DUMP"' EXIT
+MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_KERNEL_DUMP_DIR="$DUMP" cargo test -q --lib \
+  model:: >/dev/null
+(cd scripts/gpu && "../../$PY" module_source_check.py "$DUMP")
