@@ -10,8 +10,8 @@
 #        pre           MEMEXEC_KERNEL_CALLS=precompiled  MEMEXEC_ROW_KERNEL=off
 #        pre-all       MEMEXEC_KERNEL_CALLS=precompiled  MEMEXEC_ROW_KERNEL=all
 #        pre-norm      pre + MEMEXEC_NORM_KERNEL=1 (residual updates as one kernel node each)
-#        pre-norms     pre-norm + MEMEXEC_HEAD_NORM_KERNEL=1 (a layer's q/k/v head norms as one
-#                      kernel node too)
+#        pre-norms     pre-norm + MEMEXEC_HEAD_NORM_KERNEL=1 (a layer's q/k/v head norms and
+#                      RoPE as one kernel node too)
 #        pre-all-norm  pre-all + MEMEXEC_NORM_KERNEL=1
 #        jit-norm      jit + MEMEXEC_NORM_KERNEL=1 (session 10's form, for contrast)
 #      ($ARMS picks them, default "jit pre pre-all pre-norm pre-norms"), each run printing

@@ -8,7 +8,8 @@ symbol aside (memexec names it with a Rust hash). Runs anywhere (no CUDA call is
     scripts/gpu/module_source_check.py DIR
 
 Forms: the residual-norm kernel with the layer scalar and the next norm over e4b's hidden size
-(residual_norm.py), the head-norm kernel over e4b's sliding heads (head_norms.py). Exit 1 when a
+(residual_norm.py), the head-norm kernel over e4b's sliding heads, without and with the rotation
+(head_norms.py). Exit 1 when a
 form's dump is missing or differs.
 """
 import re
@@ -40,16 +41,29 @@ def residual_form():
 
 
 def head_form():
-    """head_norms.rs `self_check`'s first case: bf16 heads of 256, one row, 8 + 2 + 2 heads."""
+    """head_norms.rs `self_check`'s first case: bf16 heads of 256, one row, 8 + 2 + 2 heads,
+    the norms-only form."""
     k = PrecompiledKernel(name="memexec_head_norms", input_names=["q", "k", "v", "qw", "kw"],
-                          output_names=["qn", "kn", "vn"], source=head_norms.BODY,
+                          output_names=["qn", "kn", "vn"], source=head_norms.source(False, True),
                           header=head_norms.HEADER, ensure_row_contiguous=False)
-    threads, chunks = residual_norm.mlx_launch(256, mx.bfloat16)
-    template = [("T", mx.bfloat16), ("D", 256), ("BLOCK", threads), ("CHUNKS", chunks),
-                ("EPS_BITS", head_norms.eps_bits()), ("HQ", 8), ("HK", 2)]
     q, kv, w = zeros((1, 1, 2048)), zeros((1, 1, 512)), zeros((256,))
-    return "memexec_head_norms_", k.module_source("SYMBOL", [q, kv, kv, w, w],
-                                                  [mx.bfloat16] * 3, template)
+    return "memexec_head_norms_", k.module_source(
+        "SYMBOL", [q, kv, kv, w, w], [mx.bfloat16] * 3,
+        head_norms.template(mx.bfloat16, 256, 8, 2))
+
+
+def head_rope_form():
+    """head_norms.rs `rope_check(0)`'s first case: the same heads rotated at offset 4321 with
+    base 10000 (the log2 of the base as MLX and memexec compute it)."""
+    k = PrecompiledKernel(name="memexec_head_norms_rope",
+                          input_names=["q", "k", "v", "qw", "kw", "offsets", "freqs"],
+                          output_names=["qn", "kn", "vn"], source=head_norms.source(True, True),
+                          header=head_norms.HEADER, ensure_row_contiguous=False)
+    q, kv, w = zeros((1, 1, 2048)), zeros((1, 1, 512)), zeros((256,))
+    rot = head_norms.Rotation(256, "default", [4321])
+    return "memexec_head_norms_rope_", k.module_source(
+        "SYMBOL", [q, kv, kv, w, w, rot.offsets, mx.array(0.0, dtype=mx.float32)],
+        [mx.bfloat16] * 3, head_norms.template(mx.bfloat16, 256, 8, 2, rot.consts(0, 1)))
 
 
 def main():
@@ -57,7 +71,7 @@ def main():
         raise SystemExit(__doc__)
     dump = Path(sys.argv[1])
     ok = True
-    for prefix, ours in (residual_form(), head_form()):
+    for prefix, ours in (residual_form(), head_form(), head_rope_form()):
         dumped = sorted(dump.glob(f"{prefix}*.cu"))
         # The symbol is the only difference allowed: `extern "C" __global__ void <symbol>(`.
         same = [p.name for p in dumped

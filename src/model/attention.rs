@@ -64,30 +64,36 @@ impl RowOffsets {
         slot.insert(RowOffsets::new(offsets))
     }
 
+    /// The offsets as the int32 array MLX's RoPE takes for all rows at once, made on first use
+    /// and kept for every layer that shares them; `None` where several rows rotate one by one
+    /// ([`per_row_ops`]). One row: the scalar MLX would make from an integer offset. Why kept:
+    /// on MLX's CUDA backend that is one host-written few-byte array per step instead of one per
+    /// layer (they share a managed-memory pool with the step's small results).
+    pub fn array(&mut self) -> Option<&Array> {
+        if self.offsets.len() > 1 && per_row_ops() {
+            return None;
+        }
+        if self.array.is_none() {
+            self.array = Some(if self.offsets.len() <= 1 {
+                Array::from_int(self.of(0))
+            } else {
+                Array::from_slice(&self.offsets, &[self.offsets.len() as i32])
+            });
+        }
+        self.array.as_ref()
+    }
+
     /// `rope` over `x` `[B, heads, L, head_dim]`, row `r` at its own offset. One op for all
     /// rows: MLX's RoPE takes the offset as an array in every form (a scalar offset is a
     /// one-element array), so row `r` gets the bits of its one-row call.
     pub fn rotate(&mut self, rope: &Rope, x: &Array) -> Result<Array> {
-        if self.offsets.len() <= 1 {
-            // The scalar MLX would make from an integer offset, made once for every layer
-            // that shares these offsets instead of once per call: same op, same bits, and on
-            // MLX's CUDA backend one host-written few-byte array per step instead of one per
-            // layer (they share a managed-memory pool with the step's small results).
-            let offset = self.of(0);
-            let offset = self.array.get_or_insert_with(|| Array::from_int(offset));
-            return rope.forward_rows(x, offset);
+        if let Some(offsets) = self.array() {
+            return rope.forward_rows(x, offsets);
         }
-        if per_row_ops() {
-            let rows = (0..self.offsets.len())
-                .map(|r| rope.forward(&row(x, r)?, self.of(r)))
-                .collect::<Result<Vec<_>>>()?;
-            return stack_rows(rows);
-        }
-        let n = self.offsets.len() as i32;
-        let offsets = self
-            .array
-            .get_or_insert_with(|| Array::from_slice(&self.offsets, &[n]));
-        rope.forward_rows(x, offsets)
+        let rows = (0..self.offsets.len())
+            .map(|r| rope.forward(&row(x, r)?, self.of(r)))
+            .collect::<Result<Vec<_>>>()?;
+        stack_rows(rows)
     }
 }
 

@@ -5,11 +5,11 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::activation::{cached_scalar, geglu, gelu_approx, softcap};
-use super::attention::{attend_rows, merge_heads, split_heads, AttentionForm, RowKv, RowOffsets};
+use super::attention::{attend_rows, merge_heads, AttentionForm, RowKv, RowOffsets};
 use super::cache::{missing_layer, KvCache, LayerCache, Mask, RotatingKvCache, RowCache};
 use super::config::{Gemma4Config, LayerType, QuantConfig};
 use super::decode_attention::DecodeAttention;
-use super::head_norms::{norm_heads, HeadNorms};
+use super::head_norms::{norm_rotate_heads, HeadNorms};
 use super::linear::{Embedding, Linear, LinearShape};
 use super::linear_group::LinearGroup;
 use super::norm::RmsNorm;
@@ -515,11 +515,37 @@ impl Gemma4 {
                 Some(x) => x,
                 None => layer.input_layernorm.forward(&h)?,
             };
+            // Each row's RoPE offset: its cache's, or that of the layer it shares keys with.
+            let own_kv = matches!(a.proj, QkvProjections::Own { .. });
+            let offsets: Vec<i32> = if own_kv {
+                caches
+                    .iter()
+                    .map(|c| {
+                        c.layer(i)
+                            .map(|lc| lc.offset())
+                            .ok_or_else(|| missing_layer(i))
+                    })
+                    .collect::<Result<_>>()?
+            } else {
+                kvs.get(layer.kv_source)
+                    .and_then(Option::as_ref)
+                    .map(|(_, offsets)| offsets.clone())
+                    .ok_or_else(|| missing_layer(layer.kv_source))?
+            };
+            let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
+            // Queries (and keys and values) split into heads, normed, rotated.
+            let heads = |kv| HeadNorms {
+                heads: a.n_heads,
+                kv_heads: a.n_kv_heads,
+                head_dim: a.head_dim,
+                q: &a.q_norm,
+                kv,
+            };
+            let fused = self.head_norm_kernel;
             let (q, new_kv) = match &a.proj {
                 QkvProjections::Queries(q_proj) => {
                     let q = q_proj.forward(&x, ctx)?;
-                    let q = split_heads(&q, a.n_heads, a.head_dim, |q| a.q_norm.forward(q))?;
-                    (q, None)
+                    norm_rotate_heads(&q, None, &heads(None), &a.rope, offsets, fused)?
                 }
                 QkvProjections::Own {
                     qkv,
@@ -527,43 +553,16 @@ impl Gemma4 {
                     v_norm,
                 } => {
                     let [q, k, v] = qkv.forward(&x, ctx)?;
-                    let norms = HeadNorms {
-                        heads: a.n_heads,
-                        kv_heads: a.n_kv_heads,
-                        head_dim: a.head_dim,
-                        q: &a.q_norm,
-                        k: k_norm,
-                        v: v_norm,
-                    };
-                    let [q, k, v] = norm_heads(&q, &k, &v, &norms, self.head_norm_kernel)?;
-                    (q, Some((k, v)))
+                    let n = heads(Some((k_norm, v_norm)));
+                    norm_rotate_heads(&q, Some((&k, &v)), &n, &a.rope, offsets, fused)?
                 }
             };
-            // Each row's RoPE offset: its cache's, or that of the layer it shares keys with.
-            let offsets: Vec<i32> = match &new_kv {
-                Some(_) => caches
-                    .iter()
-                    .map(|c| {
-                        c.layer(i)
-                            .map(|lc| lc.offset())
-                            .ok_or_else(|| missing_layer(i))
-                    })
-                    .collect::<Result<_>>()?,
-                None => kvs
-                    .get(layer.kv_source)
-                    .and_then(Option::as_ref)
-                    .map(|(_, offsets)| offsets.clone())
-                    .ok_or_else(|| missing_layer(layer.kv_source))?,
-            };
-            let offsets = RowOffsets::reuse(&mut row_offsets, offsets);
-            let q = offsets.rotate(&a.rope, &q)?;
             let row_masks: Vec<&Mask> = masks
                 .iter()
                 .map(|m| &m[mask_slot(layer.layer_type)])
                 .collect();
             let o = match new_kv {
                 Some((k, v)) => {
-                    let k = offsets.rotate(&a.rope, &k)?;
                     let used: Vec<i32> = (0..caches.len()).map(|r| offsets.of(r)).collect();
                     let mut row_kv = RowKv::update(caches, i, &k, &v)?;
                     let o = attend_rows(&q, &mut row_kv, &row_masks, 1.0, form)?;

@@ -6,6 +6,14 @@ use mlx_rs::Array;
 use super::config::RopeParams;
 use crate::error::{Error, Result};
 
+/// How a RoPE's per-pair frequencies are given (see [`Rope::rotate_half_form`]).
+pub enum RopeFreqs<'a> {
+    /// Pair `i` of `dims / 2` turns at `exp2(-(i / (dims / 2)) * log2_base)` per position.
+    Log2Base(f32),
+    /// Pair `i` turns at `1 / periods[i]` per position (f32 `[dims / 2]`).
+    Periods(&'a Array),
+}
+
 /// RoPE over the first `dims` features of the last axis, at a position offset.
 pub struct Rope {
     dims: i32,
@@ -65,6 +73,21 @@ impl Rope {
                 "unsupported rope_type {other:?}"
             ))),
         }
+    }
+
+    /// What a kernel needs to rotate as [`Rope::forward_rows`] does: `(dims, log2 of the base or
+    /// the per-pair periods, scale)`, for the non-traditional (rotate-half) form only.
+    pub fn rotate_half_form(&self) -> Option<(i32, RopeFreqs<'_>, f32)> {
+        if self.traditional {
+            return None;
+        }
+        let freqs = match (&self.freqs, self.base) {
+            (Some(f), _) => RopeFreqs::Periods(f),
+            // MLX passes its kernels `std::log2(base)`, in f32.
+            (None, Some(base)) => RopeFreqs::Log2Base(base.log2()),
+            (None, None) => return None,
+        };
+        Some((self.dims, freqs, self.scale))
     }
 
     /// Rotates `x` `[B, heads, L, head_dim]` for positions `offset..offset+L`.
