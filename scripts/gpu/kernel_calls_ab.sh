@@ -32,7 +32,7 @@ fi
 P400=$("$PY" -c "import random;r=random.Random(0);print(','.join(str(r.randrange(3,200000)) for _ in range(400)))")
 GEN="$MEMEXEC generate --model $E4B --prompt-ids $P400 --max-tokens 128 --ignore-eos --json"
 show() {
-  "$PY" -c "import json,sys,hashlib;d=json.load(sys.stdin);print('$1', round(d['decode_tokens_per_s'],1), 'tok/s, prefill', round(d['prefill_tokens_per_s']), {k:round(v,2) for k,v in d['decode_profile_ms_per_step'].items()}, 'row_kernel', d.get('row_kernel'), 'norm_kernel', d.get('norm_kernel'), 'head_norm_kernel', d.get('head_norm_kernel'), 'calls', d.get('kernel_calls'), 'ids', hashlib.sha1(str(d['ids']).encode()).hexdigest()[:10])"
+  "$PY" -c "import json,sys,hashlib;d=json.load(sys.stdin);print('$1', round(d['decode_tokens_per_s'],1), 'tok/s, prefill', round(d['prefill_tokens_per_s']), {k:round(v,2) for k,v in d['decode_profile_ms_per_step'].items()}, 'row_kernel', d.get('row_kernel'), 'norm_kernel', d.get('norm_kernel'), 'head_norm_kernel', d.get('head_norm_kernel'), 'rope_variant', d.get('head_norm_rope_variant'), 'calls', d.get('kernel_calls'), 'ids', hashlib.sha1(str(d['ids']).encode()).hexdigest()[:10])"
 }
 arm() {
   case $1 in

@@ -204,6 +204,10 @@ pub struct ModelInfo {
     /// [`LoadOptions::head_norm_kernel`] asks (off by default) on a GPU where
     /// [`head_norms::available`] says it runs and matches MLX.
     pub head_norm_kernel: bool,
+    /// With [`ModelInfo::head_norm_kernel`], how that kernel writes the RoPE's products
+    /// ([`head_norms::rope_variant`]: the first way that gives MLX's bits here), `None` where
+    /// MLX's `RoPE` rotates.
+    pub head_norm_rope_variant: Option<i32>,
 }
 
 enum Arch {
@@ -340,6 +344,13 @@ impl Model {
             }
             _ => false,
         };
+        // The rotation's check compiles and runs up to four kernel variants: at load, not in the
+        // first forward (where it would land in a timed prefill).
+        let head_norm_rope_variant = if head_norm_kernel {
+            head_norms::rope_variant()
+        } else {
+            None
+        };
         let info = ModelInfo {
             model_type: cfg.model_type.clone(),
             eos_token_ids: cfg.eos_token_ids.clone(),
@@ -355,6 +366,7 @@ impl Model {
             row_kernel,
             norm_kernel,
             head_norm_kernel,
+            head_norm_rope_variant,
         };
         let mut model = Model {
             arch,

@@ -555,6 +555,7 @@ pub fn run(args: Args) -> Result<()> {
         "row_kernel": backend.model().info().row_kernel,
         "norm_kernel": backend.model().info().norm_kernel,
         "head_norm_kernel": backend.model().info().head_norm_kernel,
+        "head_norm_rope_variant": backend.model().info().head_norm_rope_variant,
         "kernel_calls": memexec::model::precompiled::Calls::from_env(),
         "values_kernel": memexec::model::values_product::used_with(
             backend.model().info().decode_attention,

@@ -200,6 +200,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "row_kernel": model.info().row_kernel,
             "norm_kernel": model.info().norm_kernel,
             "head_norm_kernel": model.info().head_norm_kernel,
+            "head_norm_rope_variant": model.info().head_norm_rope_variant,
             "kernel_calls": memexec::model::precompiled::Calls::from_env(),
             "prefill_tokens_per_s": prefill_tps,
             "decode_tokens_per_s": decode_tps,

@@ -71,6 +71,7 @@ pub fn run(args: Args) -> memexec::Result<()> {
             "row_kernel": model.info().row_kernel,
             "norm_kernel": model.info().norm_kernel,
             "head_norm_kernel": model.info().head_norm_kernel,
+            "head_norm_rope_variant": model.info().head_norm_rope_variant,
             "kernel_calls": memexec::model::precompiled::Calls::from_env(),
             "product_kernel": decoder.product_kernel(),
             "shared_kv": decoder.shared_kv(),
