@@ -112,7 +112,7 @@ pub struct Gemma4 {
     dtype: Dtype,
     /// Residual updates as one kernel node each ([`super::residual_norm`]).
     norm_kernel: bool,
-    /// A layer's q/k/v head norms as one kernel node ([`super::head_norms`]).
+    /// A layer's q/k/v head norms and RoPE as one kernel node ([`super::head_norms`]).
     head_norm_kernel: bool,
 }
 
@@ -358,9 +358,9 @@ impl Gemma4 {
         self.norm_kernel = true;
     }
 
-    /// Norms the query / key / value heads of a layer with its own keys and values in one
-    /// kernel node: for a model on MLX CUDA whose [`super::head_norms::available`] said yes on
-    /// the thread that will run it.
+    /// Norms (and, where [`super::head_norms::rope_variant`] found a way, rotates) each layer's
+    /// query / key / value heads in one kernel node: for a model on MLX CUDA whose
+    /// [`super::head_norms::available`] said yes on the thread that will run it.
     pub fn use_head_norm_kernel(&mut self) {
         self.head_norm_kernel = true;
     }
@@ -541,11 +541,11 @@ impl Gemma4 {
                 q: &a.q_norm,
                 kv,
             };
-            let fused = self.head_norm_kernel;
+            let head_kernel = self.head_norm_kernel;
             let (q, new_kv) = match &a.proj {
                 QkvProjections::Queries(q_proj) => {
                     let q = q_proj.forward(&x, ctx)?;
-                    norm_rotate_heads(&q, None, &heads(None), &a.rope, offsets, fused)?
+                    norm_rotate_heads(&q, None, &heads(None), &a.rope, offsets, head_kernel)?
                 }
                 QkvProjections::Own {
                     qkv,
@@ -554,7 +554,7 @@ impl Gemma4 {
                 } => {
                     let [q, k, v] = qkv.forward(&x, ctx)?;
                     let n = heads(Some((k_norm, v_norm)));
-                    norm_rotate_heads(&q, Some((&k, &v)), &n, &a.rope, offsets, fused)?
+                    norm_rotate_heads(&q, Some((&k, &v)), &n, &a.rope, offsets, head_kernel)?
                 }
             };
             let row_masks: Vec<&Mask> = masks

@@ -142,8 +142,8 @@ pub struct LoadOptions {
     /// Run each residual update of a Gemma-4 layer as one kernel node where it runs and
     /// matches MLX ([`residual_norm`]; off by default).
     pub norm_kernel: bool,
-    /// Norm a Gemma-4 layer's query / key / value heads in one kernel node where it runs and
-    /// matches MLX ([`head_norms`]; off by default).
+    /// Norm (and rotate) a Gemma-4 layer's query / key / value heads in one kernel node where
+    /// it runs and matches MLX ([`head_norms`]; off by default).
     pub head_norm_kernel: bool,
 }
 
@@ -200,7 +200,8 @@ pub struct ModelInfo {
     /// [`LoadOptions::norm_kernel`] asks (off by default) on a GPU where
     /// [`residual_norm::available`] says it runs and matches MLX.
     pub norm_kernel: bool,
-    /// Whether a Gemma-4 layer's query / key / value head norms run as one kernel node: as
+    /// Whether a Gemma-4 layer's query / key / value head norms (and RoPE, see
+    /// [`ModelInfo::head_norm_rope_variant`]) run as one kernel node: as
     /// [`LoadOptions::head_norm_kernel`] asks (off by default) on a GPU where
     /// [`head_norms::available`] says it runs and matches MLX.
     pub head_norm_kernel: bool,
