@@ -211,6 +211,35 @@ pub struct ModelInfo {
     pub head_norm_rope_variant: Option<i32>,
 }
 
+/// Whether an opt-in Gemma-4 kernel that load was `asked` for runs: only where MLX runs on a GPU
+/// and the kernel's `available` check passes, and then `turn_on` tells the model. Logged as
+/// `{what}: {on}`, or why not on the CPU (a failed check logs itself).
+fn opt_in_kernel(
+    arch: &mut Arch,
+    asked: bool,
+    on_cpu: bool,
+    (what, on): (&str, &str),
+    available: fn() -> bool,
+    turn_on: fn(&mut gemma4::Gemma4),
+) -> bool {
+    let Arch::Gemma4(m) = arch else {
+        return false;
+    };
+    if !asked {
+        return false;
+    }
+    if on_cpu {
+        tracing::info!("{what}: the kernel is CUDA's, MLX runs on the CPU");
+        return false;
+    }
+    if !available() {
+        return false;
+    }
+    turn_on(m);
+    tracing::info!("{what}: {on}");
+    true
+}
+
 enum Arch {
     Gemma4(Box<gemma4::Gemma4>),
     Gemma3(Box<gemma3::Gemma3>),
@@ -321,30 +350,22 @@ impl Model {
                 asked
             }
         };
-        let norm_kernel = match &mut arch {
-            Arch::Gemma4(m) if norm_kernel && !facts.cpu && residual_norm::available() => {
-                m.use_norm_kernel();
-                tracing::info!("residual updates: one kernel node each");
-                true
-            }
-            Arch::Gemma4(_) if norm_kernel && facts.cpu => {
-                tracing::info!("residual updates: the kernel is CUDA's, MLX runs on the CPU");
-                false
-            }
-            _ => false,
-        };
-        let head_norm_kernel = match &mut arch {
-            Arch::Gemma4(m) if head_norm_kernel && !facts.cpu && head_norms::available() => {
-                m.use_head_norm_kernel();
-                tracing::info!("head norms: one kernel node per layer");
-                true
-            }
-            Arch::Gemma4(_) if head_norm_kernel && facts.cpu => {
-                tracing::info!("head norms: the kernel is CUDA's, MLX runs on the CPU");
-                false
-            }
-            _ => false,
-        };
+        let norm_kernel = opt_in_kernel(
+            &mut arch,
+            norm_kernel,
+            facts.cpu,
+            ("residual updates", "one kernel node each"),
+            residual_norm::available,
+            gemma4::Gemma4::use_norm_kernel,
+        );
+        let head_norm_kernel = opt_in_kernel(
+            &mut arch,
+            head_norm_kernel,
+            facts.cpu,
+            ("head norms", "one kernel node per layer"),
+            head_norms::available,
+            gemma4::Gemma4::use_head_norm_kernel,
+        );
         // The rotation's check compiles and runs up to four kernel variants: at load, not in the
         // first forward (where it would land in a timed prefill).
         let head_norm_rope_variant = if head_norm_kernel {
