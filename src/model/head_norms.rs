@@ -28,7 +28,7 @@ use mlx_rs::{Array, Dtype};
 use super::attention::{split_heads, RowOffsets};
 use super::norm::RmsNorm;
 use super::precompiled::Kernel;
-use super::residual_norm::mlx_launch;
+use super::residual_norm::{mlx_launch, weight_fits};
 use super::rope::{Rope, RopeFreqs};
 use crate::error::{Error, Result};
 use crate::mlx_ffi::{kernel_in, TemplateArg};
@@ -249,8 +249,7 @@ fn fused(
     let row_fits = |a: &Array, heads: i32| {
         a.shape() == [b, 1, heads * d] && a.dtype() == dtype && a.strides()[2] == 1
     };
-    let weight_fits = |w: &Array| w.shape() == [d] && w.dtype() == dtype && w.strides() == [1];
-    if b < 1 || !row_fits(q, n.heads) || !weight_fits(qw) {
+    if b < 1 || !row_fits(q, n.heads) || !weight_fits(qw, d, dtype) {
         return Ok(None);
     }
     // Layers without keys pass the queries (and their weight) where the kernel names keys and
@@ -262,7 +261,7 @@ fn fused(
             };
             let fits = row_fits(k, n.kv_heads)
                 && row_fits(v, n.kv_heads)
-                && weight_fits(kw)
+                && weight_fits(kw, d, dtype)
                 && v_norm.weight().is_none()
                 && k_norm.eps() == eps
                 && v_norm.eps() == eps;

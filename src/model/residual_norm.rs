@@ -100,7 +100,7 @@ pub fn mlx_launch(d: i32, dtype: Dtype) -> Option<(i32, i32)> {
 }
 
 /// A learned `[d]` norm weight of `dtype` the kernel reads element by element.
-fn weight_fits(w: &Array, d: i32, dtype: Dtype) -> bool {
+pub(super) fn weight_fits(w: &Array, d: i32, dtype: Dtype) -> bool {
     w.shape() == [d] && w.dtype() == dtype && w.strides() == [1]
 }
 
