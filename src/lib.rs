@@ -2,8 +2,9 @@
 //! memory pipeline, behind a C ABI (`include/memexec.h`), a `bun:ffi` binding (`ts/`) and a
 //! Node-API addon (`bindings/node`).
 //!
-//! Layout: [`capi`] is the C boundary and [`mlx_ffi`] the few direct MLX-C calls (the only
-//! places with `unsafe`); the rest is safe Rust.
+//! Layout: [`capi`] is the C boundary, [`mlx_ffi`] the few direct MLX-C calls and
+//! [`nvrtc_ffi`] the CUDA runtime compiler (the only places with `unsafe`); the rest is safe
+//! Rust.
 #![deny(unsafe_code)]
 
 pub mod bench;
@@ -15,6 +16,7 @@ pub mod generate;
 pub mod lora;
 pub mod mlx_ffi;
 pub mod model;
+pub mod nvrtc_ffi;
 pub mod prompt;
 
 pub use error::{Error, Result};

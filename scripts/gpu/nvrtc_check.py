@@ -9,9 +9,10 @@ so the library's tests dump every form they call:
     MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_KERNEL_DUMP_DIR=/tmp/dump cargo test --lib
     scripts/gpu/nvrtc_check.py /tmp/dump/*.cu
 
-Each module is compiled after a stand-in for MLX's default custom-kernel header (cooperative
-groups, bf16 / fp16, fixed-width integers), which is what the kernels rely on from it; MLX's
-real header may hold more, so a pass here is necessary, not sufficient. NVRTC, the CUDA runtime
+Each module is compiled as memexec compiles it on a device (src/nvrtc_ffi.rs): after
+src/model/kernels/precompiled_prelude.cuh (what the kernels take from MLX's default header),
+with the architecture, include folders and -default-device as options; a pass here is necessary, not
+sufficient (NVRTC 13 on the device, bits and speed need the device). NVRTC, the CUDA runtime
 headers and CCCL (12.9, from PyPI: ~96 MB) are fetched once into --nv (default .gpu/nvrtc).
 A control: `--expect-fail` inverts the exit status (feed it a module with a planted error).
 
@@ -29,17 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ["nvidia-cuda-nvrtc-cu12==12.9.86", "nvidia-cuda-runtime-cu12==12.9.79",
           "nvidia-cuda-cccl-cu12==12.9.27"]
-# What memexec's kernels take from MLX's default header (mlx/backend/cuda/custom_kernel.cpp).
-HEADER = """
-#include <cuda/std/cstdint>
-#include <cuda/std/type_traits>
-#include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-using int64_t = long long; using uint64_t = unsigned long long; using int32_t = int;
-using uint32_t = unsigned int; using uint8_t = unsigned char; using uint16_t = unsigned short;
-using int8_t = signed char; using int16_t = short; using uintptr_t = unsigned long long;
-"""
+# What memexec compiles each module after (src/nvrtc_ffi.rs): the part of MLX's default header
+# its kernels use.
+PRELUDE = (ROOT / "src" / "model" / "kernels" / "precompiled_prelude.cuh").read_text()
 
 
 def fetch(nv: Path) -> Path:
@@ -58,13 +51,15 @@ def fetch(nv: Path) -> Path:
 
 
 def compile_one(lib, root: Path, path: Path, arch: str) -> tuple[bool, str]:
-    src = (HEADER + path.read_text()).encode()
+    src = (PRELUDE + "\n" + path.read_text()).encode()
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src, path.name.encode(), 0, None, None):
         return False, "nvrtcCreateProgram failed"
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-default-device",
-            *(f"-I{root / p / 'include'}".encode()
-              for p in ("cuda_runtime", "cuda_cccl", "cuda_nvrtc"))]
+    # memexec's options (src/nvrtc_ffi.rs): MLX's JIT's (architecture, include folders) and
+    # -default-device, without which NVRTC 12.9 rejects the kernels' unannotated lambdas.
+    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device",
+            *(f"--include-path={root / p / 'include'}".encode()
+              for p in ("cuda_cccl", "cuda_runtime"))]
     status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))

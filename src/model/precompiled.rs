@@ -14,10 +14,11 @@
 //! (template constants, input dtypes and ranks, output dtypes), writes the `extern "C"` kernel
 //! MLX's JIT would have written around the body, with the shapes, strides and ranks the body
 //! reads passed as `int` scalars and rebuilt as the arrays the body indexes. The body is
-//! untouched, so both ways run the same arithmetic. The module is compiled once per process
-//! through MLX's own JIT (the NVRTC, headers and flags MLX's kernels use: a one-element kernel
-//! whose header holds the module) and read back from MLX's kernel cache (`MLX_PTX_CACHE_DIR`,
-//! else `<temp dir>/mlx/<MLX version>/ptx`), where MLX writes what it compiles.
+//! untouched, so both ways run the same arithmetic. The module is compiled once per process by
+//! the NVRTC MLX links, with the architecture and include paths MLX's JIT uses
+//! ([`crate::nvrtc_ffi`]), after [`PRELUDE`] (what the kernels take from MLX's default header).
+//! It is not compiled through MLX and read back from MLX's kernel cache, as first built:
+//! MLX 0.32.2 keeps custom kernels out of that cache (session 42, H100).
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -28,8 +29,9 @@ use mlx_rs::{Array, Dtype};
 
 use crate::error::{Error, Result};
 use crate::mlx_ffi::{
-    is_row_contiguous, mlx_version, versioned_name, CudaKernel, PrecompiledKernel, TemplateArg,
+    is_row_contiguous, versioned_name, CudaKernel, PrecompiledKernel, TemplateArg,
 };
+use crate::nvrtc_ffi;
 
 /// How memexec calls its CUDA kernels (`MEMEXEC_KERNEL_CALLS`): `jit` (MLX's `cuda_kernel`,
 /// the default until the precompiled calls are measured on a device) or `precompiled`.
@@ -384,54 +386,41 @@ fn row_strides(shape: &[i32]) -> Vec<i64> {
     strides
 }
 
-/// The compiled image of `source` (a module of `extern "C"` kernels, placed after MLX's default
-/// header), built by MLX's JIT under a name made of `module` and a hash of the source
-/// ([`CudaKernel::new`]). Fails where MLX has no CUDA, where the source does not compile, or
-/// where MLX's kernel cache does not hold the image afterwards (a cache directory MLX could not
-/// create).
+/// What every precompiled module is compiled after: the part of MLX's default custom-kernel
+/// header memexec's kernels use ([`compile`]).
+pub const PRELUDE: &str = include_str!("kernels/precompiled_prelude.cuh");
+
+/// The compiled image of `source` (a module of `extern "C"` kernels), compiled after
+/// [`PRELUDE`] by NVRTC with MLX's architecture and include paths ([`nvrtc_ffi::compile`]).
+/// Fails where MLX runs on no CUDA device, where NVRTC or the driver cannot be opened, or where
+/// the source does not compile.
 pub fn compile(module: &str, source: &str) -> Result<Rc<[u8]>> {
-    // The kernel MLX compiles: a one-element copy whose only purpose is to carry `source` as
-    // its header into NVRTC; evaluating it once makes MLX compile and cache the module.
-    let carrier = CudaKernel::new(module, &["x"], &["out"], "out[0] = x[0];", source, false)?;
-    let x = mlx_rs::ops::zeros::<f32>(&[1])?;
-    let out = carrier.apply(&[&x], &[(&[1], x.dtype())], [1, 1, 1], [1, 1, 1], &[])?;
-    out.iter().try_for_each(Array::eval)?;
-    let path = cache_dir()?.join(format!("custom_kernel_{}.ptx", carrier.compiled_name()));
-    let image = std::fs::read(&path).map_err(|e| {
-        Error::Internal(format!(
-            "precompiled module `{module}`: MLX compiled it but {} is not readable ({e})",
-            path.display()
-        ))
-    })?;
+    if !mlx_rs::Device::try_default().is_ok_and(|d| {
+        d.get_type()
+            .is_ok_and(|t| !matches!(t, mlx_rs::DeviceType::Cpu))
+    }) {
+        return Err(Error::Internal(format!(
+            "precompiled module `{module}`: MLX runs on no GPU"
+        )));
+    }
+    let image = nvrtc_ffi::compile(module, &format!("{PRELUDE}\n{source}"))?;
     if image.is_empty() {
         return Err(Error::Internal(format!(
-            "precompiled module `{module}`: {} is empty",
-            path.display()
+            "precompiled module `{module}`: NVRTC gave an empty image"
         )));
     }
     tracing::debug!(
         module,
         bytes = image.len(),
-        path = %path.display(),
         "compiled a precompiled kernel module"
     );
     Ok(image.into())
 }
 
-/// Where MLX's JIT writes what it compiles (mlx/backend/cuda/jit_module.cpp, 0.32.2).
-fn cache_dir() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("MLX_PTX_CACHE_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    Ok(std::env::temp_dir()
-        .join("mlx")
-        .join(mlx_version()?)
-        .join("ptx"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mlx_ffi::mlx_version;
 
     #[test]
     fn a_build_without_mlx_cuda_compiles_nothing() {
