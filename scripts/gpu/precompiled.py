@@ -3,14 +3,14 @@
 src/model/precompiled.rs makes them: for each form a kernel is called with (template constants,
 input dtypes and ranks, output dtypes), the `extern "C"` kernel MLX's JIT would write around the
 body, with the shapes / strides / ranks the body reads passed as int scalars (strides as low and
-high halves) and rebuilt as the arrays the body indexes; compiled once through MLX's JIT (a
-one-element kernel whose header holds the module), the image read back from MLX's kernel cache,
-then called through `mx.fast.precompiled_cuda_kernel` with the image only until a call has been
+high halves) and rebuilt as the arrays the body indexes; compiled once with the NVRTC MLX links
+(as memexec's src/nvrtc_ffi.rs does: after precompiled_prelude.cuh, device 0's sm_XY), then
+called through `mx.fast.precompiled_cuda_kernel` with the image only until a call has been
 evaluated. Imported by quantized_row.py and kernel_host_cost.py; MLX CUDA only.
 """
+import ctypes
 import hashlib
 import os
-import tempfile
 
 import mlx.core as mx
 
@@ -20,21 +20,61 @@ CUDA_TYPES = {mx.bool_: "bool", mx.uint8: "uint8_t", mx.uint16: "uint16_t", mx.u
               mx.float32: "float"}
 
 
-def cache_dir():
-    return os.environ.get("MLX_PTX_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), "mlx", mx.__version__, "ptx")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# What memexec compiles every module after (src/nvrtc_ffi.rs, src/model/precompiled.rs).
+with open(os.path.join(ROOT, "src", "model", "kernels", "precompiled_prelude.cuh")) as _f:
+    PRELUDE = _f.read()
+
+
+def _compute_capability():
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) == 0
+    assert cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) == 0
+    return major.value, minor.value
+
+
+def include_dirs():
+    """MLX's JIT's include folders, as src/nvrtc_ffi.rs finds them."""
+    dirs = []
+    cccl = os.path.join(os.path.dirname(mx.__file__), "include", "cccl")
+    if not os.path.isdir(cccl):
+        cccl = os.environ.get("MLX_CCCL_DIR", "")
+    if cccl and os.path.isdir(cccl):
+        dirs.append(cccl)
+    cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or (
+        "/usr/local/cuda" if os.path.isdir("/usr/local/cuda") else None)
+    if cuda:
+        dirs.append(os.path.join(cuda, "include"))
+    return dirs
 
 
 def compile_module(module, source):
-    """The compiled image (cubin or PTX) of `source`, a module of extern "C" kernels."""
-    name = f"{module}_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
-    carrier = mx.fast.cuda_kernel(name=name, input_names=["x"], output_names=["out"],
-                                  source="out[0] = x[0];", header=source,
-                                  ensure_row_contiguous=False)
-    mx.eval(carrier(inputs=[mx.zeros((1,))], output_shapes=[(1,)], output_dtypes=[mx.float32],
-                    grid=(1, 1, 1), threadgroup=(1, 1, 1))[0])
-    with open(os.path.join(cache_dir(), f"custom_kernel_{name}.ptx"), "rb") as f:
-        return f.read()
+    """The cubin of `source`, a module of extern "C" kernels, compiled as memexec compiles it
+    (src/nvrtc_ffi.rs): the NVRTC MLX links, after PRELUDE, for device 0's sm_XY."""
+    mx.eval(mx.zeros((1,)))  # MLX loads its CUDA libraries (NVRTC among them)
+    lib = ctypes.CDLL("libnvrtc.so.13")
+    major, minor = _compute_capability()
+    src = (PRELUDE + "\n" + source).encode()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, f"{module}.cu".encode(), 0, None,
+                                  None) == 0
+    opts = [f"--gpu-architecture=sm_{major}{minor}".encode(), b"-default-device",
+            *(f"--include-path={d}".encode() for d in include_dirs())]
+    status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    if status != 0:
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        raise RuntimeError(f"NVRTC could not compile {module}: {log.value.decode()}")
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    image = ctypes.create_string_buffer(size.value)
+    assert lib.nvrtcGetCUBIN(prog, image) == 0
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return image.raw
 
 
 class PrecompiledKernel:
