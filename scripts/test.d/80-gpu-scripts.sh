@@ -2,7 +2,9 @@
 # The GPU machine's scripts (scripts/gpu, scripts/bench), checked here so that no device time is
 # spent on a typo: every shell script parses, every Python script compiles, and the device
 # checks build the same kernel modules memexec builds (module_source_check.py, on the modules
-# the library's self-checks write when called precompiled).
+# the library's self-checks write when called precompiled), and NVIDIA's NVRTC (12.9, fetched
+# once from PyPI into .gpu/nvrtc) compiles each of those modules for sm_90 as memexec compiles
+# them on a device (nvrtc_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.deps/venv/bin/python
@@ -15,3 +17,4 @@ trap 'rm -rf "$DUMP"' EXIT
 MEMEXEC_KERNEL_CALLS=precompiled MEMEXEC_KERNEL_DUMP_DIR="$DUMP" cargo test -q --lib \
   model:: >/dev/null
 (cd scripts/gpu && "../../$PY" module_source_check.py "$DUMP")
+"$PY" scripts/gpu/nvrtc_check.py "$DUMP"/*.cu
