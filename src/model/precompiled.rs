@@ -86,7 +86,7 @@ pub struct Kernel {
     ensure_row_contiguous: bool,
     /// The precompiled kernel of each form called so far, by [`Kernel::form_key`]; `None`
     /// for a form that could not be precompiled (its calls go through MLX's JIT).
-    forms: RefCell<HashMap<String, Option<Rc<PrecompiledKernel>>>>,
+    forms: RefCell<HashMap<Vec<u8>, Option<Rc<PrecompiledKernel>>>>,
 }
 
 impl Kernel {
@@ -209,27 +209,54 @@ impl Kernel {
     }
 
     /// What tells one compiled form from another: the template constants, the inputs' dtypes
-    /// and ranks, the outputs' dtypes.
+    /// and ranks, the outputs' dtypes. Bytes, not text: this runs on every call, in a decode
+    /// step bound by the host, and formatting cost microseconds per call.
     fn form_key(
         inputs: &[&Array],
         outputs: &[(&[i32], Dtype)],
         template: &[(&str, TemplateArg)],
-    ) -> String {
-        let mut key = String::new();
+    ) -> Vec<u8> {
+        let mut key = Vec::with_capacity(8 * template.len() + 2 * inputs.len() + outputs.len());
+        // Each constant as (name length, name, tag, value): a key reads back one way only.
         for (n, arg) in template {
+            key.push(n.len() as u8);
+            key.extend_from_slice(n.as_bytes());
             match arg {
-                TemplateArg::Int(v) => write!(key, "{n}={v};"),
-                TemplateArg::Dtype(d) => write!(key, "{n}={d:?};"),
+                TemplateArg::Int(v) => {
+                    key.push(b'=');
+                    key.extend_from_slice(&v.to_le_bytes());
+                }
+                TemplateArg::Dtype(d) => key.extend([b':', *d as u8]),
             }
-            .expect("writing to a String");
         }
         for a in inputs {
-            write!(key, "{:?}/{},", a.dtype(), a.ndim()).expect("writing to a String");
+            key.extend([a.dtype() as u8, a.ndim() as u8]);
+        }
+        key.push(b'|');
+        key.extend(outputs.iter().map(|(_, d)| *d as u8));
+        key
+    }
+
+    /// The form of a call as text, for messages.
+    fn form_text(
+        inputs: &[&Array],
+        outputs: &[(&[i32], Dtype)],
+        template: &[(&str, TemplateArg)],
+    ) -> String {
+        let mut text = String::new();
+        for (n, arg) in template {
+            let _ = match arg {
+                TemplateArg::Int(v) => write!(text, "{n}={v};"),
+                TemplateArg::Dtype(d) => write!(text, "{n}={d:?};"),
+            };
+        }
+        for a in inputs {
+            let _ = write!(text, "{:?}/{},", a.dtype(), a.ndim());
         }
         for (_, d) in outputs {
-            write!(key, "{d:?},").expect("writing to a String");
+            let _ = write!(text, "{d:?},");
         }
-        key
+        text
     }
 
     /// The precompiled kernel for this call's form, compiled the first time it is asked for;
@@ -256,7 +283,7 @@ impl Kernel {
             Err(e) => {
                 tracing::warn!(
                     kernel = %self.name,
-                    form = %key,
+                    form = %Self::form_text(inputs, outputs, template),
                     "kernel could not be precompiled ({e}); its calls go through MLX's JIT"
                 );
                 None
