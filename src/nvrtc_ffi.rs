@@ -189,12 +189,23 @@ pub fn include_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// Compiles `source` (named `name` in NVRTC's messages) for CUDA device 0 as MLX's JIT does:
-/// SASS (`--gpu-architecture=sm_XY`, a cubin) where NVRTC is 11.8 or newer, else PTX for
-/// `compute_XY`, with [`include_dirs`] and `-default-device`. Returns the image, to load with `cuModuleLoadData`.
+/// Compiles `source` (named `name` in NVRTC's messages) for CUDA device 0 as MLX's JIT does
+/// ([`compile_for`] with [`compute_capability`] and [`include_dirs`]). Returns the image, to
+/// load with `cuModuleLoadData`.
 pub fn compile(name: &str, source: &str) -> Result<Vec<u8>> {
+    compile_for(name, source, compute_capability()?, &include_dirs())
+}
+
+/// Compiles `source` for compute capability `(major, minor)`: SASS
+/// (`--gpu-architecture=sm_XY`, a cubin) where NVRTC is 11.8 or newer, else PTX for
+/// `compute_XY`, with `includes` as include folders and `-default-device`.
+pub fn compile_for(
+    name: &str,
+    source: &str,
+    (major, minor): (i32, i32),
+    includes: &[PathBuf],
+) -> Result<Vec<u8>> {
     let nv = nvrtc()?;
-    let (major, minor) = compute_capability()?;
     let sass = nv.version >= (11, 8);
     let mut options = vec![format!(
         "--gpu-architecture={}_{major}{minor}",
@@ -204,7 +215,7 @@ pub fn compile(name: &str, source: &str) -> Result<Vec<u8>> {
     // it (scripts/gpu/nvrtc_check.py); it changes where functions live, not their arithmetic.
     options.push("-default-device".to_owned());
     options.extend(
-        include_dirs()
+        includes
             .iter()
             .map(|d| format!("--include-path={}", d.display())),
     );
