@@ -8,6 +8,14 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-using int64_t = long long; using uint64_t = unsigned long long; using int32_t = int;
-using uint32_t = unsigned int; using uint8_t = unsigned char; using uint16_t = unsigned short;
-using int8_t = signed char; using int16_t = short; using uintptr_t = unsigned long long;
+// typedefs of cuda::std's types, not `using X = long long`: a typedef may name again the type a
+// name already has, so this holds whether or not the NVRTC headers declare ::int64_t & co.
+typedef cuda::std::int8_t int8_t;
+typedef cuda::std::int16_t int16_t;
+typedef cuda::std::int32_t int32_t;
+typedef cuda::std::int64_t int64_t;
+typedef cuda::std::uint8_t uint8_t;
+typedef cuda::std::uint16_t uint16_t;
+typedef cuda::std::uint32_t uint32_t;
+typedef cuda::std::uint64_t uint64_t;
+typedef cuda::std::uintptr_t uintptr_t;
