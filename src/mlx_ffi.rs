@@ -189,17 +189,16 @@ pub enum TemplateArg {
 pub struct CudaKernel {
     raw: mlx_sys::mlx_fast_cuda_kernel,
     name: String,
-    compiled_name: String,
 }
 
 impl CudaKernel {
     /// A kernel named `name` with these input and output names and body; `header` goes after
     /// MLX's default header (includes, helpers).
     ///
-    /// MLX compiles it under `name` followed by a hash of the body and header: MLX's kernel
-    /// cache (`MLX_PTX_CACHE_DIR`, else a folder in the temp dir) outlives the process and is
-    /// looked up by name alone, so a plain name would hand a later memexec build (or a
-    /// script's variant of the kernel) the module compiled from an older source.
+    /// MLX compiles it under `name` followed by a hash of the body and header: MLX looks its
+    /// compiled modules up by name alone (in the process; in some MLX versions also in a disk
+    /// cache, `MLX_PTX_CACHE_DIR`, that outlives it), so a plain name could hand a kernel the
+    /// module compiled from another source (a script's variant, an older build).
     pub fn new(
         name: &str,
         inputs: &[&str],
@@ -250,14 +249,7 @@ impl CudaKernel {
         Ok(CudaKernel {
             raw,
             name: name.to_string(),
-            compiled_name: versioned,
         })
-    }
-
-    /// The name MLX compiles the kernel under: the given name and the source's hash (MLX
-    /// prefixes `custom_kernel_` and appends its template constants).
-    pub fn compiled_name(&self) -> &str {
-        &self.compiled_name
     }
 
     /// The kernel over `inputs` (in the order of the input names), making one output per

@@ -134,38 +134,44 @@ fn check(status: c_int, what: &str) -> Result<()> {
     }
 }
 
-/// The compute capability (major, minor) of CUDA device 0, the device MLX runs on.
+/// The compute capability (major, minor) of CUDA device 0, the device MLX runs on (asked once
+/// per process).
 pub fn compute_capability() -> Result<(i32, i32)> {
     static CC: OnceLock<std::result::Result<(i32, i32), String>> = OnceLock::new();
-    CC.get_or_init(|| {
-        let h = open(&[c"libcuda.so.1", c"libcuda.so"]).map_err(|e| e.to_string())?;
-        // SAFETY: the aliases are cuda.h's signatures of cuInit, cuDeviceGet and
-        // cuDeviceGetAttribute; each writes only through the pointers it is given, which point
-        // at live locals. cuInit may be called again after MLX's own call.
-        unsafe {
-            let init: CuInit = function(symbol(h, c"cuInit").map_err(|e| e.to_string())?);
-            let get: CuDeviceGet = function(symbol(h, c"cuDeviceGet").map_err(|e| e.to_string())?);
-            let attr: CuDeviceGetAttribute =
-                function(symbol(h, c"cuDeviceGetAttribute").map_err(|e| e.to_string())?);
-            check((init)(0), "cuInit").map_err(|e| e.to_string())?;
-            let mut dev = 0;
-            check((get)(&mut dev, 0), "cuDeviceGet").map_err(|e| e.to_string())?;
-            let (mut major, mut minor) = (0, 0);
-            check((attr)(&mut major, CC_MAJOR, dev), "cuDeviceGetAttribute")
-                .map_err(|e| e.to_string())?;
-            check((attr)(&mut minor, CC_MINOR, dev), "cuDeviceGetAttribute")
-                .map_err(|e| e.to_string())?;
-            Ok((major, minor))
-        }
-    })
-    .clone()
-    .map_err(Error::Internal)
+    CC.get_or_init(|| load_compute_capability().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Internal)
+}
+
+fn load_compute_capability() -> Result<(i32, i32)> {
+    let h = open(&[c"libcuda.so.1", c"libcuda.so"])?;
+    // SAFETY: the aliases are cuda.h's signatures of cuInit, cuDeviceGet and
+    // cuDeviceGetAttribute; each writes only through the pointers it is given, which point at
+    // live locals. cuInit may be called again after MLX's own call.
+    unsafe {
+        let init: CuInit = function(symbol(h, c"cuInit")?);
+        let get: CuDeviceGet = function(symbol(h, c"cuDeviceGet")?);
+        let attr: CuDeviceGetAttribute = function(symbol(h, c"cuDeviceGetAttribute")?);
+        check((init)(0), "cuInit")?;
+        let mut dev = 0;
+        check((get)(&mut dev, 0), "cuDeviceGet")?;
+        let (mut major, mut minor) = (0, 0);
+        check((attr)(&mut major, CC_MAJOR, dev), "cuDeviceGetAttribute")?;
+        check((attr)(&mut minor, CC_MINOR, dev), "cuDeviceGetAttribute")?;
+        Ok((major, minor))
+    }
 }
 
 /// The include folders MLX's JIT passes to NVRTC: the CCCL headers shipped next to
 /// `libmlx.so` (`<lib>/../include/cccl`, else `$MLX_CCCL_DIR`) and the CUDA toolkit's
-/// (`$CUDA_HOME`, `$CUDA_PATH`, else `/usr/local/cuda`, with `/include`).
-pub fn include_dirs() -> Vec<PathBuf> {
+/// (`$CUDA_HOME`, `$CUDA_PATH`, else `/usr/local/cuda`, with `/include`). Found once per
+/// process, as MLX finds its own.
+pub fn include_dirs() -> &'static [PathBuf] {
+    static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    DIRS.get_or_init(find_include_dirs)
+}
+
+fn find_include_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     let beside_mlx = std::fs::read_to_string("/proc/self/maps")
         .ok()
@@ -193,7 +199,7 @@ pub fn include_dirs() -> Vec<PathBuf> {
 /// ([`compile_for`] with [`compute_capability`] and [`include_dirs`]). Returns the image, to
 /// load with `cuModuleLoadData`.
 pub fn compile(name: &str, source: &str) -> Result<Vec<u8>> {
-    compile_for(name, source, compute_capability()?, &include_dirs())
+    compile_for(name, source, compute_capability()?, include_dirs())
 }
 
 /// Compiles `source` for compute capability `(major, minor)`: SASS

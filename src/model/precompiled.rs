@@ -422,10 +422,7 @@ pub const PRELUDE: &str = include_str!("kernels/precompiled_prelude.cuh");
 /// Fails where MLX runs on no CUDA device, where NVRTC or the driver cannot be opened, or where
 /// the source does not compile.
 pub fn compile(module: &str, source: &str) -> Result<Rc<[u8]>> {
-    if !mlx_rs::Device::try_default().is_ok_and(|d| {
-        d.get_type()
-            .is_ok_and(|t| !matches!(t, mlx_rs::DeviceType::Cpu))
-    }) {
+    if super::on_cpu() {
         return Err(Error::Internal(format!(
             "precompiled module `{module}`: MLX runs on no GPU"
         )));
